@@ -1,0 +1,147 @@
+// Package cli is the idem command: subcommands, flags and wiring.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/idemhq/idem/internal/config"
+)
+
+// ErrUsage reports bad command-line usage; the message was already printed.
+var ErrUsage = errors.New("usage")
+
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, env *env, args []string) error
+}
+
+var commands = []command{
+	{"consume", "run one consumer process (run many for a fleet)", runConsume},
+	{"publish", "publish a stream of events with duplicates (load generator)", runPublish},
+	{"verify", "check the database against a publish manifest", runVerify},
+	{"migrate", "create or update the database tables", runMigrate},
+	{"prune", "delete dedup rows older than postgres.retention", runPrune},
+	{"demo", "run a fleet on a stream with duplicates and verify it", runDemo},
+	{"config", "print every setting with its environment variable and value", runConfig},
+}
+
+// env is what every subcommand gets from the process.
+type env struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+// Run runs the idem command with args (without the program name).
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	e := &env{stdout: stdout, stderr: stderr, getenv: os.Getenv}
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout)
+		if len(args) == 0 {
+			return ErrUsage
+		}
+		return nil
+	}
+	for _, c := range commands {
+		if c.name == args[0] {
+			return c.run(ctx, e, args[1:])
+		}
+	}
+	fmt.Fprintf(stderr, "idem: unknown command %q\n\n", args[0])
+	usage(stderr)
+	return ErrUsage
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `idem makes RabbitMQ event processing effectively once: a Redis fast path in
+front of a PostgreSQL unique constraint that commits with the effect.
+
+Usage: idem <command> [flags]
+
+Commands:
+`)
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, `
+Connections come from AMQP_URL, REDIS_URL and DATABASE_URL (local services by
+default) and the queue from IDEM_QUEUE (default payments.events). Every other
+setting is in the YAML file given by --config or its IDEM_* variable: see
+'idem config'. 'idem <command> -h' shows a command's flags.
+`)
+}
+
+// newFlags returns a flag set whose -h prints a summary and the flags.
+func newFlags(e *env, name, synopsis string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: idem %s [flags]\n\n%s\n\nFlags:\n", name, synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses args; -h is not an error.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errHelp
+		}
+		return ErrUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "idem %s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		return ErrUsage
+	}
+	return nil
+}
+
+// errHelp ends a command after -h without an error exit.
+var errHelp = errors.New("help shown")
+
+// IsHelp reports whether err only means that help was shown.
+func IsHelp(err error) bool { return errors.Is(err, errHelp) }
+
+// loadConfig reads the config and builds the logger it asks for.
+func (e *env) loadConfig(path string) (config.Config, *slog.Logger, error) {
+	boot := slog.New(slog.NewTextHandler(e.stderr, nil))
+	cfg, err := config.Load(path, e.getenv, boot)
+	if err != nil {
+		return cfg, nil, err
+	}
+	level, _ := config.ParseLevel(cfg.LogLevel) // validated by Load
+	return cfg, slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: level})), nil
+}
+
+func runConfig(_ context.Context, e *env, args []string) error {
+	fs := newFlags(e, "config", "Prints every setting: yaml path, environment variable, effective value.")
+	path := fs.String("config", "", "YAML config `file`")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg, _, err := e.loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	eff := map[string]string{}
+	for _, f := range config.FieldsOf(cfg) {
+		eff[f.Path] = f.Default
+	}
+	fmt.Fprintf(e.stdout, "%-36s %-38s %s\n", "SETTING", "ENV", "VALUE")
+	for _, f := range config.Fields() {
+		v := eff[f.Path]
+		if strings.HasSuffix(f.Path, "_url") {
+			v = redactURL(v)
+		}
+		fmt.Fprintf(e.stdout, "%-36s %-38s %s\n", f.Path, f.Env, v)
+	}
+	return nil
+}

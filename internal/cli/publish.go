@@ -1,0 +1,64 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/idemhq/idem/internal/loadgen"
+	"github.com/idemhq/idem/pkg/consumer"
+)
+
+func runPublish(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "publish", "Publishes a reproducible stream of PAYMENT_COMPLETED events with duplicates\nto the queue, persistent, with publisher confirms, and can write a manifest\nof what it sent for 'idem verify'.")
+	path := fs.String("config", "", "YAML config `file`")
+	count := fs.Int("count", 10000, "distinct events")
+	users := fs.Int("users", 100, "distinct users")
+	dup := fs.Float64("dup-ratio", 0.25, "re-sends as a fraction of count, half back-to-back, half delayed")
+	window := fs.Int("delay-window", 1000, "a delayed re-send comes up to this many messages later")
+	rate := fs.Float64("rate", 0, "messages per second (0: as fast as confirms allow)")
+	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()), "random seed (the same seed and flags give the same stream)")
+	run := fs.String("run", "", "run id in event and user ids (default: derived from the seed)")
+	manifest := fs.String("manifest", "", "write the manifest to this `file`")
+	quiet := fs.Bool("quiet", false, "no progress lines")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg, _, err := e.loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	if *run == "" {
+		*run = strconv.FormatUint(*seed%1_000_000_000, 36)
+	}
+	spec := loadgen.StreamSpec{RunID: *run, Count: *count, Users: *users, DupRatio: *dup, DelayWindow: *window, Seed: *seed}
+	s, err := loadgen.Build(spec)
+	if err != nil {
+		return fmt.Errorf("publish: %w", err)
+	}
+	opt := loadgen.PublishOptions{
+		URL:            cfg.AMQPURL,
+		Topology:       consumer.TopologyFor(cfg.Queue, cfg.Consumer.BrokerDeliveryLimit),
+		ConnectionName: fmt.Sprintf("idem-publish-%d", os.Getpid()),
+		Rate:           *rate,
+	}
+	if !*quiet {
+		opt.Progress = e.stderr
+		fmt.Fprintf(e.stderr, "run %s: %d messages, %d distinct events, %d back-to-back and %d delayed re-sends, to queue %s\n",
+			*run, len(s.Order), len(s.Events), s.BackToBack, s.Delayed, cfg.Queue)
+	}
+	if err := loadgen.Publish(ctx, opt, s); err != nil {
+		return err
+	}
+	if *manifest != "" {
+		if err := loadgen.NewManifest(spec, cfg.Queue, s).Write(*manifest); err != nil {
+			return fmt.Errorf("publish: write manifest: %w", err)
+		}
+		if !*quiet {
+			fmt.Fprintf(e.stderr, "manifest written to %s\n", *manifest)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,50 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idemhq/idem/internal/loadgen"
+	"github.com/idemhq/idem/internal/verify"
+)
+
+// ErrVerifyFailed is returned when verification finds doubled, missing or
+// mismatched effects. The table says which.
+var ErrVerifyFailed = errors.New("verification failed")
+
+func runVerify(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "verify", "Compares payments_ledger and account_balances with a publish manifest and\nprints a table. Exits 1 on any doubled, missing or mismatched effect.")
+	path := fs.String("config", "", "YAML config `file`")
+	manifest := fs.String("manifest", "", "manifest `file` written by 'idem publish --manifest' (required)")
+	wait := fs.Duration("wait", 0, "keep checking up to this long while events are still missing")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *manifest == "" {
+		fmt.Fprintln(e.stderr, "idem verify: --manifest is required")
+		return ErrUsage
+	}
+	m, err := loadgen.ReadManifest(*manifest)
+	if err != nil {
+		return err
+	}
+	cfg, _, err := e.loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	pool, err := openPool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	r, err := verify.Wait(ctx, pool, m, *wait)
+	if err != nil {
+		return err
+	}
+	r.Print(e.stdout)
+	if !r.OK() {
+		return ErrVerifyFailed
+	}
+	return nil
+}

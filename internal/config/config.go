@@ -1,0 +1,178 @@
+// Package config loads idem's settings: defaults, then an optional YAML file,
+// then environment variables, then validation that names the bad field.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Defaults. The connection URLs point at the local services.
+const (
+	DefaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
+	DefaultRedisURL    = "redis://127.0.0.1:6379/0"
+	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	DefaultQueue       = "payments.events"
+	DefaultScope       = "payments"
+	DefaultRetention   = 30 * 24 * time.Hour
+)
+
+// Config is everything `idem consume` and its siblings read. Each field's yaml
+// path, upper-cased with dots as underscores and prefixed IDEM_, is its
+// environment variable (redis.done_ttl ⇒ IDEM_REDIS_DONE_TTL), except the
+// three URLs, which use the conventional names.
+type Config struct {
+	// AMQPURL is the RabbitMQ URL. Env AMQP_URL. Defaults to DefaultAMQPURL.
+	AMQPURL string `yaml:"amqp_url" env:"AMQP_URL"`
+	// RedisURL is the Redis URL, parsed by go-redis. Env REDIS_URL.
+	// Defaults to DefaultRedisURL.
+	RedisURL string `yaml:"redis_url" env:"REDIS_URL"`
+	// DatabaseURL is the PostgreSQL URL, parsed by pgx; add
+	// search_path=<schema> to use another schema. Env DATABASE_URL.
+	// Defaults to DefaultDatabaseURL.
+	DatabaseURL string `yaml:"database_url" env:"DATABASE_URL"`
+	// Queue is the queue name. Defaults to DefaultQueue.
+	Queue string `yaml:"queue"`
+	// Scope namespaces event IDs in Redis and Postgres: the consuming
+	// service's name. Defaults to DefaultScope.
+	Scope string `yaml:"scope"`
+	// LogLevel is debug, info, warn or error. Defaults to info.
+	LogLevel string `yaml:"log_level"`
+	// MetricsAddr, if set, serves counters at http://<addr>/metrics.
+	MetricsAddr string `yaml:"metrics_addr"`
+
+	Consumer Consumer `yaml:"consumer"`
+	Redis    Redis    `yaml:"redis"`
+	Postgres Postgres `yaml:"postgres"`
+}
+
+// Consumer tunes the RabbitMQ consumer runtime.
+type Consumer struct {
+	// Prefetch is the most unacked deliveries per process. Defaults to 64.
+	Prefetch int `yaml:"prefetch"`
+	// Workers is deliveries handled at once per process. Defaults to 16.
+	Workers int `yaml:"workers"`
+	// DeliveryLimit is attempts for a failing handler before the message is
+	// dead-lettered. Defaults to 5.
+	DeliveryLimit int `yaml:"delivery_limit"`
+	// BrokerDeliveryLimit is the queue's x-delivery-limit, the broker's
+	// backstop for messages that crash every consumer. Defaults to 20.
+	BrokerDeliveryLimit int `yaml:"broker_delivery_limit"`
+	// HandlerTimeout bounds one attempt (claim, handler, commit).
+	// Defaults to 10s.
+	HandlerTimeout time.Duration `yaml:"handler_timeout"`
+	// DrainTimeout is how long in-flight work may finish after SIGTERM.
+	// Defaults to 30s.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// RetryBackoffMin is the first retry delay. Defaults to 200ms.
+	RetryBackoffMin time.Duration `yaml:"retry_backoff_min"`
+	// RetryBackoffMax caps retry delays. Defaults to 10s.
+	RetryBackoffMax time.Duration `yaml:"retry_backoff_max"`
+}
+
+// Redis tunes the fast tier.
+type Redis struct {
+	// Enabled turns the fast tier on. With false every event goes to
+	// Postgres. Defaults to true.
+	Enabled bool `yaml:"enabled"`
+	// Prefix starts every key. Defaults to "idem".
+	Prefix string `yaml:"prefix"`
+	// Lease is the pending-lease TTL; longer than a handler run.
+	// Defaults to 30s.
+	Lease time.Duration `yaml:"lease"`
+	// DoneTTL is how long a done marker drops duplicates without Postgres.
+	// Memory is about 100 bytes per event in this window. Defaults to 24h.
+	DoneTTL time.Duration `yaml:"done_ttl"`
+	// Timeout bounds every Redis call. Defaults to 50ms.
+	Timeout time.Duration `yaml:"timeout"`
+	// BreakerFailures is consecutive failures that open the breaker.
+	// Defaults to 5.
+	BreakerFailures uint32 `yaml:"breaker_failures"`
+	// BreakerOpenTimeout is how long the breaker stays open before probing.
+	// Defaults to 5s.
+	BreakerOpenTimeout time.Duration `yaml:"breaker_open_timeout"`
+	// BreakerHalfOpenRequests is probes allowed while half-open.
+	// Defaults to 1.
+	BreakerHalfOpenRequests uint32 `yaml:"breaker_half_open_requests"`
+}
+
+// Postgres tunes the authoritative tier.
+type Postgres struct {
+	// Retention is how long dedup rows are kept (idem prune deletes older
+	// ones). It must cover the longest redelivery, including a dead-letter
+	// replay; consumers refuse messages published longer ago. Defaults to 720h.
+	Retention time.Duration `yaml:"retention"`
+	// MaxConns caps the connection pool. Defaults to workers + 4.
+	MaxConns int32 `yaml:"max_conns"`
+}
+
+// Default returns the configuration with every default filled in.
+func Default() Config {
+	return Config{
+		AMQPURL:     DefaultAMQPURL,
+		RedisURL:    DefaultRedisURL,
+		DatabaseURL: DefaultDatabaseURL,
+		Queue:       DefaultQueue,
+		Scope:       DefaultScope,
+		LogLevel:    "info",
+		Consumer: Consumer{
+			Prefetch:            64,
+			Workers:             16,
+			DeliveryLimit:       5,
+			BrokerDeliveryLimit: 20,
+			HandlerTimeout:      10 * time.Second,
+			DrainTimeout:        30 * time.Second,
+			RetryBackoffMin:     200 * time.Millisecond,
+			RetryBackoffMax:     10 * time.Second,
+		},
+		Redis: Redis{
+			Enabled:                 true,
+			Prefix:                  "idem",
+			Lease:                   30 * time.Second,
+			DoneTTL:                 24 * time.Hour,
+			Timeout:                 50 * time.Millisecond,
+			BreakerFailures:         5,
+			BreakerOpenTimeout:      5 * time.Second,
+			BreakerHalfOpenRequests: 1,
+		},
+		Postgres: Postgres{Retention: DefaultRetention},
+	}
+}
+
+// Load returns the defaults overlaid with the YAML file at path (if path is
+// not empty) and then with the environment, validated. Warnings about
+// risky but legal settings go to log.
+func Load(path string, getenv func(string) string, log *slog.Logger) (Config, error) {
+	cfg := Default()
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return cfg, fmt.Errorf("config: %w", err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(b))
+		dec.KnownFields(true)
+		if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+			return cfg, fmt.Errorf("config %s: %w", path, err)
+		}
+	}
+	if err := applyEnv(&cfg, getenv); err != nil {
+		return cfg, err
+	}
+	if cfg.Postgres.MaxConns == 0 {
+		cfg.Postgres.MaxConns = int32(cfg.Consumer.Workers + 4)
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, err
+	}
+	for _, w := range cfg.Warnings() {
+		log.Warn("config: " + w)
+	}
+	return cfg, nil
+}

@@ -1,0 +1,65 @@
+// Package crashpoint kills the current process with SIGKILL at a named step,
+// so that crash tests exercise real process death at exact points of the
+// guard's flow rather than goroutine exits.
+//
+// It is armed by two environment variables read once at start:
+// IDEM_CRASH_AT names the step (a guard.Step such as after_commit, or
+// before_ack), and IDEM_CRASH_AFTER is how many times the step must be
+// passed before the kill (default 1: the first time).
+package crashpoint
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/pkg/guard"
+)
+
+// Env names.
+const (
+	EnvAt    = "IDEM_CRASH_AT"
+	EnvAfter = "IDEM_CRASH_AFTER"
+)
+
+// Steps lists every step a crash can be armed at, in flow order.
+var Steps = []guard.Step{
+	guard.StepFastClaimed, guard.StepStoreClaimed, guard.StepApplied,
+	guard.StepCommitted, guard.StepMarkedDone, consumer.StepBeforeAck,
+}
+
+// Hook returns a guard/consumer hook that SIGKILLs the process at the armed
+// step, or nil when nothing is armed.
+func Hook(getenv func(string) string) (func(context.Context, guard.Step), error) {
+	at := guard.Step(getenv(EnvAt))
+	if at == "" {
+		return nil, nil
+	}
+	known := false
+	for _, s := range Steps {
+		known = known || s == at
+	}
+	if !known {
+		return nil, fmt.Errorf("%s=%q: not a crash point (want one of %v)", EnvAt, at, Steps)
+	}
+	after := int64(1)
+	if s := getenv(EnvAfter); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%s=%q: want a positive integer", EnvAfter, s)
+		}
+		after = n
+	}
+	var passed atomic.Int64
+	return func(_ context.Context, step guard.Step) {
+		if step == at && passed.Add(1) >= after {
+			fmt.Fprintf(os.Stderr, "crashpoint: SIGKILL at %s\n", step)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // never returns: the signal is on its way
+		}
+	}, nil
+}

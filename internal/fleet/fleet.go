@@ -1,0 +1,106 @@
+// Package fleet starts and stops `idem consume` processes: the demo's fleet
+// and the crash tests' victims. Each process logs to its own file.
+package fleet
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// Proc is one running consumer process.
+type Proc struct {
+	Name      string
+	LogPath   string
+	StatsPath string
+	cmd       *exec.Cmd
+	done      chan struct{}
+	err       error
+}
+
+// Spec says how to start a consumer.
+type Spec struct {
+	Bin  string   // the idem binary
+	Name string   // connection name, also names the log and stats files
+	Dir  string   // where logs and stats go
+	Env  []string // appended to this process's environment
+	Args []string // extra arguments after "consume"
+}
+
+// Start launches `idem consume` as described by s.
+func Start(s Spec) (*Proc, error) {
+	p := &Proc{
+		Name:      s.Name,
+		LogPath:   filepath.Join(s.Dir, s.Name+".log"),
+		StatsPath: filepath.Join(s.Dir, s.Name+".stats.json"),
+		done:      make(chan struct{}),
+	}
+	logf, err := os.Create(p.LogPath)
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{"consume", "--name", s.Name, "--stats-file", p.StatsPath}, s.Args...)
+	p.cmd = exec.Command(s.Bin, args...)
+	p.cmd.Env = append(os.Environ(), s.Env...)
+	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	if err := p.cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start %s: %w", s.Name, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		logf.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Done is closed when the process has exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Killed reports whether the process died of SIGKILL. Call after Done.
+func (p *Proc) Killed() bool {
+	var ee *exec.ExitError
+	if !errors.As(p.err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+}
+
+// Err is the process's exit error (nil for exit 0). Call after Done.
+func (p *Proc) Err() error { return p.err }
+
+// Kill sends SIGKILL and waits for the exit.
+func (p *Proc) Kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// Stop sends SIGTERM and waits up to timeout for a clean exit, then kills.
+// It returns the exit error of a process that did not exit cleanly.
+func (p *Proc) Stop(timeout time.Duration) error {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(timeout):
+		p.Kill()
+		return fmt.Errorf("%s did not stop within %s and was killed", p.Name, timeout)
+	}
+}
+
+// Stats reads the outcome counts the process wrote on a clean exit.
+func (p *Proc) Stats() (map[string]int64, error) {
+	b, err := os.ReadFile(p.StatsPath)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]int64
+	return m, json.Unmarshal(b, &m)
+}

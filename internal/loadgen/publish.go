@@ -1,0 +1,132 @@
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemhq/idem/pkg/consumer"
+)
+
+// PublishOptions says where and how fast to publish.
+type PublishOptions struct {
+	URL            string
+	Topology       consumer.Topology
+	ConnectionName string
+	// Rate caps messages per second; 0 means as fast as confirms allow.
+	Rate float64
+	// Window is the most unconfirmed messages in flight. Defaults to 256.
+	Window int
+	// Progress, if set, receives a progress line every second.
+	Progress io.Writer
+}
+
+// Publish sends the stream's messages, persistent, to the queue through the
+// default exchange, and returns once the broker confirmed every one. A
+// nacked or unconfirmed message is an error: the manifest would lie.
+func Publish(ctx context.Context, opt PublishOptions, s Stream) error {
+	if opt.Window <= 0 {
+		opt.Window = 256
+	}
+	conn, err := amqp.DialConfig(opt.URL, amqp.Config{Properties: amqp.Table{"connection_name": opt.ConnectionName}})
+	if err != nil {
+		return fmt.Errorf("publish: dial: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("publish: channel: %w", err)
+	}
+	if err := opt.Topology.Declare(ch); err != nil {
+		return fmt.Errorf("publish: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return fmt.Errorf("publish: confirm mode: %w", err)
+	}
+	// Drain returns in a goroutine: an undrained notify channel would stall
+	// the connection. The library closes it when the channel closes.
+	var returned atomic.Int64
+	returns := ch.NotifyReturn(make(chan amqp.Return, 16))
+	go func() {
+		for range returns {
+			returned.Add(1)
+		}
+	}()
+
+	var interval time.Duration
+	if opt.Rate > 0 {
+		interval = time.Duration(float64(time.Second) / opt.Rate)
+	}
+	start := time.Now()
+	lastReport := start
+	inflight := make([]*amqp.DeferredConfirmation, 0, opt.Window)
+	wait := func(dc *amqp.DeferredConfirmation) error {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		ok, err := dc.WaitContext(cctx)
+		if err != nil {
+			return fmt.Errorf("publish: wait for confirm: %w", err)
+		}
+		if !ok {
+			return errors.New("publish: broker nacked a message")
+		}
+		return nil
+	}
+	for n, i := range s.Order {
+		if interval > 0 {
+			if d := time.Until(start.Add(time.Duration(n) * interval)); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		}
+		ev := s.Events[i]
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", opt.Topology.Queue, true, false, amqp.Publishing{
+			ContentType:  "application/json",
+			DeliveryMode: amqp.Persistent,
+			MessageId:    ev.EventID,
+			Timestamp:    time.Now(),
+			Body:         ev.Marshal(),
+		})
+		if err != nil {
+			return fmt.Errorf("publish: message %d: %w", n, err)
+		}
+		inflight = append(inflight, dc)
+		if len(inflight) == opt.Window {
+			if err := wait(inflight[0]); err != nil {
+				return err
+			}
+			inflight = inflight[1:]
+		}
+		if n := returned.Load(); n > 0 {
+			return fmt.Errorf("publish: %d message(s) returned unroutable: does queue %q exist?", n, opt.Topology.Queue)
+		}
+		if opt.Progress != nil && time.Since(lastReport) >= time.Second {
+			lastReport = time.Now()
+			el := time.Since(start).Seconds()
+			fmt.Fprintf(opt.Progress, "published %d/%d (%.0f msg/s)\n", n+1, len(s.Order), float64(n+1)/el)
+		}
+	}
+	for _, dc := range inflight {
+		if err := wait(dc); err != nil {
+			return err
+		}
+	}
+	// A return precedes its confirm, so every return has been counted by now.
+	if n := returned.Load(); n > 0 {
+		return fmt.Errorf("publish: %d message(s) returned unroutable: does queue %q exist?", n, opt.Topology.Queue)
+	}
+	if opt.Progress != nil {
+		el := time.Since(start).Seconds()
+		fmt.Fprintf(opt.Progress, "published %d messages (%d distinct events) in %.1fs (%.0f msg/s), all confirmed\n",
+			len(s.Order), len(s.Events), el, float64(len(s.Order))/el)
+	}
+	return nil
+}

@@ -1,0 +1,144 @@
+// Package telemetry counts what the consumer does (outcomes by reason,
+// breaker transitions) and serves the counts in Prometheus text format.
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/idemhq/idem/pkg/guard"
+)
+
+// Metrics is a set of counters safe for concurrent use.
+type Metrics struct {
+	mu       sync.Mutex
+	outcomes map[[2]string]int64 // {outcome, reason}
+	breaker  map[[2]string]int64 // {from, to}
+	state    string
+}
+
+// New returns empty counters.
+func New() *Metrics {
+	m := &Metrics{outcomes: map[[2]string]int64{}, breaker: map[[2]string]int64{}, state: "closed"}
+	for _, o := range guard.Outcomes() {
+		m.outcomes[[2]string{o.String(), ""}] = 0
+	}
+	return m
+}
+
+// Outcome counts one delivery's outcome.
+func (m *Metrics) Outcome(o guard.Outcome, reason string) {
+	m.mu.Lock()
+	m.outcomes[[2]string{o.String(), reason}]++
+	m.mu.Unlock()
+}
+
+// BreakerChange counts one circuit breaker transition.
+func (m *Metrics) BreakerChange(from, to string) {
+	m.mu.Lock()
+	m.breaker[[2]string{from, to}]++
+	m.state = to
+	m.mu.Unlock()
+}
+
+// Snapshot returns outcome counts keyed "outcome" or "outcome/reason".
+func (m *Metrics) Snapshot() map[string]int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]int64{}
+	for k, v := range m.outcomes {
+		name := k[0]
+		if k[1] != "" {
+			name += "/" + k[1]
+		}
+		out[name] += v
+	}
+	for k, v := range m.breaker {
+		out["breaker/"+k[0]+"->"+k[1]] += v
+	}
+	return out
+}
+
+// LogValue makes the counters print as one structured attribute.
+func (m *Metrics) LogValue() slog.Value {
+	snap := m.Snapshot()
+	keys := make([]string, 0, len(snap))
+	for k := range snap {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	attrs := make([]slog.Attr, 0, len(keys))
+	for _, k := range keys {
+		attrs = append(attrs, slog.Int64(k, snap[k]))
+	}
+	return slog.GroupValue(attrs...)
+}
+
+// WriteProm writes the counters in Prometheus text exposition format.
+func (m *Metrics) WriteProm(w io.Writer) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	fmt.Fprintln(w, "# HELP idem_deliveries_total Deliveries by outcome and reason.")
+	fmt.Fprintln(w, "# TYPE idem_deliveries_total counter")
+	for _, k := range sortedKeys(m.outcomes) {
+		fmt.Fprintf(w, "idem_deliveries_total{outcome=%q,reason=%q} %d\n", k[0], k[1], m.outcomes[k])
+	}
+	fmt.Fprintln(w, "# HELP idem_breaker_transitions_total Redis circuit breaker transitions.")
+	fmt.Fprintln(w, "# TYPE idem_breaker_transitions_total counter")
+	for _, k := range sortedKeys(m.breaker) {
+		fmt.Fprintf(w, "idem_breaker_transitions_total{from=%q,to=%q} %d\n", k[0], k[1], m.breaker[k])
+	}
+	fmt.Fprintln(w, "# HELP idem_breaker_open Whether the Redis circuit breaker is open (1) or not (0).")
+	fmt.Fprintln(w, "# TYPE idem_breaker_open gauge")
+	open := 0
+	if m.state == "open" {
+		open = 1
+	}
+	fmt.Fprintf(w, "idem_breaker_open %d\n", open)
+}
+
+func sortedKeys(m map[[2]string]int64) [][2]string {
+	keys := make([][2]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i][0] != keys[j][0] {
+			return keys[i][0] < keys[j][0]
+		}
+		return keys[i][1] < keys[j][1]
+	})
+	return keys
+}
+
+// Serve serves /metrics on addr until ctx ends.
+func (m *Metrics) Serve(ctx context.Context, addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		m.WriteProm(w)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,156 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemhq/idem/pkg/guard"
+)
+
+// Defaults for Config.
+const (
+	DefaultConnectionName      = "idem-consumer"
+	DefaultPrefetch            = 64
+	DefaultWorkers             = 16
+	DefaultDeliveryLimit       = 5
+	DefaultBrokerDeliveryLimit = 20
+	DefaultHandlerTimeout      = 10 * time.Second
+	DefaultDrainTimeout        = 30 * time.Second
+	DefaultConfirmTimeout      = 10 * time.Second
+)
+
+// Default backoffs for Config.
+var (
+	DefaultRetryBackoff     = Backoff{Min: 200 * time.Millisecond, Max: 10 * time.Second}
+	DefaultReconnectBackoff = Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second}
+)
+
+// Config configures a Consumer.
+type Config struct {
+	// URL is the AMQP URL, e.g. amqp://guest:guest@127.0.0.1:5672/. Required.
+	URL string
+	// Queue is the queue to consume. Required.
+	Queue string
+	// ConnectionName is the client-provided connection name shown by the
+	// broker. Defaults to DefaultConnectionName.
+	ConnectionName string
+	// Prefetch is the most unacked deliveries the broker sends this
+	// process. Defaults to DefaultPrefetch.
+	Prefetch int
+	// Workers is how many deliveries this process handles at once.
+	// Defaults to DefaultWorkers.
+	Workers int
+	// DeliveryLimit is how many deliveries a failing handler gets before
+	// the message is dead-lettered as ReasonHandlerFailed. Defaults to
+	// DefaultDeliveryLimit.
+	DeliveryLimit int
+	// BrokerDeliveryLimit is the queue's x-delivery-limit (see Topology).
+	// At least DeliveryLimit. Defaults to DefaultBrokerDeliveryLimit.
+	BrokerDeliveryLimit int
+	// HandlerTimeout bounds one attempt: claim, apply and commit.
+	// Defaults to DefaultHandlerTimeout.
+	HandlerTimeout time.Duration
+	// Retention, if positive, refuses (dead-letters as ReasonBeyondRetention)
+	// a message whose publish timestamp is that old or older: its dedup row
+	// may have been pruned, so processing it could apply it twice. Set it to
+	// the store's retention. Zero disables the check.
+	Retention time.Duration
+	// RetryBackoff spaces a failing handler's attempts, and in-place retries
+	// while Postgres is unreachable. Defaults to DefaultRetryBackoff.
+	RetryBackoff Backoff
+	// ReconnectBackoff spaces reconnection attempts to RabbitMQ.
+	// Defaults to DefaultReconnectBackoff.
+	ReconnectBackoff Backoff
+	// DrainTimeout is how long in-flight work may run after shutdown
+	// begins before it is rolled back. Defaults to DefaultDrainTimeout.
+	DrainTimeout time.Duration
+	// ConfirmTimeout bounds the wait for a dead-letter publisher confirm.
+	// Defaults to DefaultConfirmTimeout.
+	ConfirmTimeout time.Duration
+	// Hook, if set, is called at each Step. For tests and tracing.
+	Hook func(ctx context.Context, step guard.Step)
+	// OnOutcome, if set, is called once per delivery with its outcome and,
+	// for OutcomeDeadLettered and OutcomeRetry, the reason. For metrics.
+	OnOutcome func(o guard.Outcome, reason string)
+	// Logger receives the consumer's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// StepBeforeAck is the consumer's crash point between a durable outcome and the ack.
+const StepBeforeAck guard.Step = "before_ack"
+
+func (c *Config) setDefaults() {
+	if c.ConnectionName == "" {
+		c.ConnectionName = DefaultConnectionName
+	}
+	if c.Prefetch == 0 {
+		c.Prefetch = DefaultPrefetch
+	}
+	if c.Workers == 0 {
+		c.Workers = DefaultWorkers
+	}
+	if c.DeliveryLimit == 0 {
+		c.DeliveryLimit = DefaultDeliveryLimit
+	}
+	if c.BrokerDeliveryLimit == 0 {
+		c.BrokerDeliveryLimit = max(DefaultBrokerDeliveryLimit, c.DeliveryLimit)
+	}
+	if c.HandlerTimeout == 0 {
+		c.HandlerTimeout = DefaultHandlerTimeout
+	}
+	if c.RetryBackoff == (Backoff{}) {
+		c.RetryBackoff = DefaultRetryBackoff
+	}
+	if c.ReconnectBackoff == (Backoff{}) {
+		c.ReconnectBackoff = DefaultReconnectBackoff
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.ConfirmTimeout == 0 {
+		c.ConfirmTimeout = DefaultConfirmTimeout
+	}
+	if c.Hook == nil {
+		c.Hook = func(context.Context, guard.Step) {}
+	}
+	if c.OnOutcome == nil {
+		c.OnOutcome = func(guard.Outcome, string) {}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.URL == "":
+		return errors.New("consumer: URL is required")
+	case c.Queue == "":
+		return errors.New("consumer: Queue is required")
+	case c.Prefetch < 1:
+		return fmt.Errorf("consumer: Prefetch must be at least 1, got %d", c.Prefetch)
+	case c.Workers < 1:
+		return fmt.Errorf("consumer: Workers must be at least 1, got %d", c.Workers)
+	case c.DeliveryLimit < 1:
+		return fmt.Errorf("consumer: DeliveryLimit must be at least 1, got %d", c.DeliveryLimit)
+	case c.BrokerDeliveryLimit < c.DeliveryLimit:
+		return fmt.Errorf("consumer: BrokerDeliveryLimit (%d) must be at least DeliveryLimit (%d)", c.BrokerDeliveryLimit, c.DeliveryLimit)
+	case c.HandlerTimeout <= 0:
+		return fmt.Errorf("consumer: HandlerTimeout must be positive, got %s", c.HandlerTimeout)
+	case c.Retention < 0:
+		return fmt.Errorf("consumer: Retention must not be negative, got %s", c.Retention)
+	case c.DrainTimeout <= 0:
+		return fmt.Errorf("consumer: DrainTimeout must be positive, got %s", c.DrainTimeout)
+	case c.ConfirmTimeout <= 0:
+		return fmt.Errorf("consumer: ConfirmTimeout must be positive, got %s", c.ConfirmTimeout)
+	}
+	for name, b := range map[string]Backoff{"RetryBackoff": c.RetryBackoff, "ReconnectBackoff": c.ReconnectBackoff} {
+		if b.Min <= 0 || b.Max < b.Min {
+			return fmt.Errorf("consumer: %s: want 0 < Min <= Max, got Min=%s Max=%s", name, b.Min, b.Max)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,168 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemhq/idem/pkg/guard"
+)
+
+// Consumer runs a Handler behind a Guard on one queue. Start any number of
+// them, in any number of processes, on the same queue.
+type Consumer[T any] struct {
+	cfg      Config
+	guard    *guard.Guard
+	handler  Handler[T]
+	topology Topology
+}
+
+// New returns a Consumer, or an error naming the bad Config field.
+func New[T any](cfg Config, g *guard.Guard, h Handler[T]) (*Consumer[T], error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if g == nil || h == nil {
+		return nil, errors.New("consumer: guard and handler are required")
+	}
+	return &Consumer[T]{cfg: cfg, guard: g, handler: h, topology: TopologyFor(cfg.Queue, cfg.BrokerDeliveryLimit)}, nil
+}
+
+// Topology returns what the consumer declares.
+func (c *Consumer[T]) Topology() Topology { return c.topology }
+
+// Run consumes until ctx ends, reconnecting with backoff whenever the
+// connection or a channel is lost. When ctx ends it stops taking deliveries,
+// lets in-flight work finish (up to DrainTimeout), acks what committed and
+// closes. It returns nil after a clean drain.
+func (c *Consumer[T]) Run(ctx context.Context) error {
+	log := c.cfg.Logger
+	for attempt := 1; ; attempt++ {
+		started := time.Now()
+		err := c.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Since(started) > c.cfg.ReconnectBackoff.Max {
+			attempt = 1 // the session was healthy for a while: start over
+		}
+		delay := c.cfg.ReconnectBackoff.Delay(attempt)
+		log.Warn("amqp session ended, reconnecting", "err", err, "attempt", attempt, "delay", delay)
+		if !sleep(ctx, delay) {
+			return nil
+		}
+	}
+}
+
+// session is one connection's life: declare, consume, work, drain.
+func (c *Consumer[T]) session(ctx context.Context) error {
+	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{
+		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName},
+		Heartbeat:  10 * time.Second,
+	})
+	if err != nil {
+		return fmt.Errorf("dial: %w", err)
+	}
+	defer conn.Close()
+	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+
+	pub, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open publish channel: %w", err)
+	}
+	pubClosed := pub.NotifyClose(make(chan *amqp.Error, 1))
+	if err := pub.Confirm(false); err != nil {
+		return fmt.Errorf("enable publisher confirms: %w", err)
+	}
+	if err := c.topology.Declare(pub); err != nil {
+		return err
+	}
+
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open consume channel: %w", err)
+	}
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+	tag := fmt.Sprintf("%s-%d", c.cfg.ConnectionName, time.Now().UnixNano())
+	deliveries, err := ch.Consume(c.cfg.Queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %q: %w", c.cfg.Queue, err)
+	}
+	c.cfg.Logger.Info("consuming", "queue", c.cfg.Queue, "prefetch", c.cfg.Prefetch, "workers", c.cfg.Workers)
+
+	// In-flight work outlives ctx by up to DrainTimeout, so that SIGTERM
+	// finishes and acks what it can instead of abandoning it.
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	// stop ends backoff waits as soon as shutdown begins or the session fails.
+	stop, stopWaits := context.WithCancel(ctx)
+	defer stopWaits()
+	w := &worker[T]{c: c, pub: pub, stop: stop}
+	var wg sync.WaitGroup
+	for range c.cfg.Workers {
+		wg.Go(func() {
+			for d := range deliveries {
+				w.handle(workCtx, d)
+			}
+		})
+	}
+	workersDone := make(chan struct{})
+	go func() { wg.Wait(); close(workersDone) }()
+
+	var cause error
+	select {
+	case <-ctx.Done():
+		// Stop taking deliveries; the library then closes deliveries.
+		if err := ch.Cancel(tag, false); err != nil {
+			c.cfg.Logger.Warn("cancel consumer", "err", err)
+		}
+	case e := <-connClosed:
+		cause = fmt.Errorf("connection closed: %w", amqpErr(e))
+	case e := <-chClosed:
+		cause = fmt.Errorf("consume channel closed: %w", amqpErr(e))
+	case e := <-pubClosed:
+		cause = fmt.Errorf("publish channel closed: %w", amqpErr(e))
+	case <-workersDone:
+		cause = errors.New("delivery channel closed")
+	}
+	if cause != nil {
+		stopWaits()
+		// Close the consume channel so deliveries closes and the workers
+		// return; their unacked deliveries go back to the queue.
+		_ = ch.Close()
+	}
+
+	drain := time.NewTimer(c.cfg.DrainTimeout)
+	defer drain.Stop()
+	select {
+	case <-workersDone:
+	case <-drain.C:
+		c.cfg.Logger.Warn("drain timeout: rolling back in-flight work", "drain_timeout", c.cfg.DrainTimeout)
+		cancelWork()
+		<-workersDone
+	}
+	if cause == nil {
+		_ = ch.Close()
+		_ = pub.Close()
+		if err := conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
+			return fmt.Errorf("close: %w", err)
+		}
+		c.cfg.Logger.Info("drained and closed", "queue", c.cfg.Queue)
+	}
+	return cause
+}
+
+func amqpErr(e *amqp.Error) error {
+	if e == nil {
+		return amqp.ErrClosed
+	}
+	return e
+}

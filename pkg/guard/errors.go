@@ -1,0 +1,35 @@
+package guard
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrPayloadConflict means the event ID was already processed with a
+	// different payload hash. The event is not applied; it needs a person.
+	ErrPayloadConflict = errors.New("event id already processed with a different payload")
+	// ErrInvalidID means an event ID is empty, too long or has bytes outside
+	// the allowed charset.
+	ErrInvalidID = errors.New("invalid event id")
+)
+
+// StoreError is a failure of the authoritative tier itself (begin, claim or
+// commit), as opposed to a failure of the handler. The event's outcome is
+// unknown to the caller until the store answers again; retrying is safe.
+type StoreError struct {
+	Op  string // "begin", "claim", "commit" or "lookup"
+	Err error
+}
+
+func (e *StoreError) Error() string { return fmt.Sprintf("store %s: %v", e.Op, e.Err) }
+func (e *StoreError) Unwrap() error { return e.Err }
+
+// HandlerError wraps an error returned by the handler. The transaction was
+// rolled back, so nothing of the event was applied.
+type HandlerError struct {
+	Err error
+}
+
+func (e *HandlerError) Error() string { return fmt.Sprintf("handler: %v", e.Err) }
+func (e *HandlerError) Unwrap() error { return e.Err }

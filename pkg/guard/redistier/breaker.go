@@ -1,0 +1,88 @@
+package redistier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+)
+
+// Defaults for BreakerConfig.
+const (
+	DefaultFailureThreshold = 5
+	DefaultOpenTimeout      = 5 * time.Second
+	DefaultHalfOpenRequests = 1
+)
+
+// BreakerConfig configures the circuit breaker that routes around Redis.
+type BreakerConfig struct {
+	// FailureThreshold is the number of consecutive failed calls that open
+	// the breaker. Defaults to DefaultFailureThreshold.
+	FailureThreshold uint32
+	// OpenTimeout is how long the breaker stays open before letting probe
+	// calls through. Defaults to DefaultOpenTimeout.
+	OpenTimeout time.Duration
+	// HalfOpenRequests is how many probe calls may run while half-open; that
+	// many successes close the breaker. Defaults to DefaultHalfOpenRequests.
+	HalfOpenRequests uint32
+	// OnStateChange, if set, is called on every transition with the states'
+	// names ("closed", "half-open", "open").
+	OnStateChange func(from, to string)
+}
+
+func (c *BreakerConfig) setDefaults() {
+	if c.FailureThreshold == 0 {
+		c.FailureThreshold = DefaultFailureThreshold
+	}
+	if c.OpenTimeout == 0 {
+		c.OpenTimeout = DefaultOpenTimeout
+	}
+	if c.HalfOpenRequests == 0 {
+		c.HalfOpenRequests = DefaultHalfOpenRequests
+	}
+}
+
+func (c *BreakerConfig) validate() error {
+	if c.OpenTimeout < time.Millisecond {
+		return fmt.Errorf("redistier: Breaker.OpenTimeout must be at least 1ms, got %s", c.OpenTimeout)
+	}
+	return nil
+}
+
+// errCallerGone marks a call abandoned because the caller's context ended.
+// It says nothing about Redis, so the breaker neither counts it nor trips on it.
+var errCallerGone = errors.New("caller context done")
+
+func newBreaker(c BreakerConfig) *gobreaker.CircuitBreaker[any] {
+	threshold := c.FailureThreshold
+	return gobreaker.NewCircuitBreaker[any](gobreaker.Settings{
+		Name:        "redis",
+		MaxRequests: c.HalfOpenRequests,
+		Timeout:     c.OpenTimeout,
+		ReadyToTrip: func(counts gobreaker.Counts) bool {
+			return counts.ConsecutiveFailures >= threshold
+		},
+		IsExcluded: func(err error) bool { return errors.Is(err, errCallerGone) },
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			if c.OnStateChange != nil {
+				c.OnStateChange(from.String(), to.String())
+			}
+		},
+	})
+}
+
+// call runs fn through the breaker with the per-call deadline. An open
+// breaker returns at once with gobreaker.ErrOpenState.
+func (f *Filter) call(ctx context.Context, fn func(ctx context.Context) error) (any, error) {
+	return f.breaker.Execute(func() (any, error) {
+		cctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
+		defer cancel()
+		err := fn(cctx)
+		if err != nil && ctx.Err() != nil {
+			return nil, fmt.Errorf("%w: %w", errCallerGone, ctx.Err())
+		}
+		return nil, err
+	})
+}

@@ -1,0 +1,218 @@
+package redistier
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/idemhq/idem/pkg/guard"
+)
+
+// Defaults for Config.
+const (
+	DefaultPrefix  = "idem"
+	DefaultLease   = 30 * time.Second
+	DefaultDoneTTL = 24 * time.Hour
+	DefaultTimeout = 50 * time.Millisecond
+)
+
+const (
+	pendingPrefix = "pending:"
+	donePrefix    = "done:"
+)
+
+// Config configures a Filter.
+type Config struct {
+	// Prefix starts every key: "<prefix>:<scope>:<event id>". Defaults to
+	// DefaultPrefix. It may not contain ':'.
+	Prefix string
+	// Lease is how long a pending lease lives, so that a crashed
+	// consumer's lease frees itself. Longer than the slowest handler run.
+	// Defaults to DefaultLease.
+	Lease time.Duration
+	// DoneTTL is how long a done marker lives: the window in which a
+	// duplicate is dropped without touching Postgres. Defaults to DefaultDoneTTL.
+	DoneTTL time.Duration
+	// Timeout bounds every Redis call. Defaults to DefaultTimeout.
+	Timeout time.Duration
+	// Breaker configures the circuit breaker around Redis.
+	Breaker BreakerConfig
+}
+
+func (c *Config) setDefaults() {
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	if c.DoneTTL == 0 {
+		c.DoneTTL = DefaultDoneTTL
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	c.Breaker.setDefaults()
+}
+
+func (c *Config) validate() error {
+	if strings.Contains(c.Prefix, ":") {
+		return fmt.Errorf("redistier: Prefix %q may not contain ':'", c.Prefix)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"Lease", c.Lease}, {"DoneTTL", c.DoneTTL}, {"Timeout", c.Timeout}} {
+		if d.v < time.Millisecond {
+			return fmt.Errorf("redistier: %s must be at least 1ms, got %s", d.name, d.v)
+		}
+	}
+	return c.Breaker.validate()
+}
+
+// Filter is the Redis fast tier. It is safe for concurrent use.
+type Filter struct {
+	rdb     redis.UniversalClient
+	cfg     Config
+	breaker *gobreaker.CircuitBreaker[any]
+}
+
+var _ guard.FastPath = (*Filter)(nil)
+
+// New returns a Filter over rdb. A *redis.Client must have
+// ContextTimeoutEnabled set, or a dead Redis would hold each call for the
+// client's ReadTimeout instead of Config.Timeout.
+func New(rdb redis.UniversalClient, cfg Config) (*Filter, error) {
+	if rdb == nil {
+		return nil, errors.New("redistier: nil redis client")
+	}
+	if c, ok := rdb.(*redis.Client); ok && !c.Options().ContextTimeoutEnabled {
+		return nil, errors.New("redistier: redis client needs Options.ContextTimeoutEnabled = true so per-call deadlines apply")
+	}
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Filter{rdb: rdb, cfg: cfg, breaker: newBreaker(cfg.Breaker)}, nil
+}
+
+// BreakerState reports the circuit breaker's state: "closed", "half-open" or "open".
+func (f *Filter) BreakerState() string { return f.breaker.State().String() }
+
+// Key returns the Redis key for an event. Redis keys are binary safe and
+// neither prefix nor scope may contain ':', so any ID maps to one key.
+func (f *Filter) Key(scope, id string) string {
+	return f.cfg.Prefix + ":" + scope + ":" + id
+}
+
+// Claim runs SET key pending:<token> NX PX <lease> GET for every event in one
+// pipeline.
+func (f *Filter) Claim(ctx context.Context, scope string, events []guard.Event) []guard.FastResult {
+	out := make([]guard.FastResult, len(events))
+	tokens := make([]string, len(events))
+	for i := range events {
+		tokens[i] = newToken()
+	}
+	_, err := f.call(ctx, func(ctx context.Context) error {
+		cmds := make([]*redis.Cmd, len(events))
+		_, err := f.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, ev := range events {
+				cmds[i] = p.Do(ctx, "SET", f.Key(scope, ev.ID), pendingPrefix+tokens[i],
+					"PX", f.cfg.Lease.Milliseconds(), "NX", "GET")
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		for i, cmd := range cmds {
+			out[i] = parseClaim(cmd, tokens[i])
+		}
+		return nil
+	})
+	if err != nil {
+		for i := range out {
+			out[i] = guard.FastResult{State: guard.FastSkipped, Err: err}
+		}
+	}
+	return out
+}
+
+func parseClaim(cmd *redis.Cmd, token string) guard.FastResult {
+	old, err := cmd.Text()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return guard.FastResult{State: guard.FastAcquired, Token: token}
+	case err != nil:
+		return guard.FastResult{State: guard.FastSkipped, Err: err}
+	case strings.HasPrefix(old, donePrefix):
+		h, err := hex.DecodeString(old[len(donePrefix):])
+		if err != nil {
+			return guard.FastResult{State: guard.FastSkipped, Err: fmt.Errorf("bad done marker %q", old)}
+		}
+		return guard.FastResult{State: guard.FastDone, Hash: h}
+	case strings.HasPrefix(old, pendingPrefix):
+		return guard.FastResult{State: guard.FastPending}
+	default:
+		return guard.FastResult{State: guard.FastSkipped, Err: fmt.Errorf("unexpected value %q", old)}
+	}
+}
+
+// MarkDone runs SET key done:<hash> PX <doneTTL> for every event in one
+// pipeline. Call it only after the events committed in Postgres.
+func (f *Filter) MarkDone(ctx context.Context, scope string, events []guard.Event) error {
+	_, err := f.call(ctx, func(ctx context.Context) error {
+		_, err := f.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, ev := range events {
+				p.Set(ctx, f.Key(scope, ev.ID), donePrefix+hex.EncodeToString(ev.Hash), f.cfg.DoneTTL)
+			}
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("redistier: mark done: %w", err)
+	}
+	return nil
+}
+
+// releaseScript deletes each key only if it still holds the caller's token.
+var releaseScript = redis.NewScript(`
+local n = 0
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[i] then
+    n = n + redis.call('DEL', key)
+  end
+end
+return n`)
+
+// Release compare-and-deletes the leases: a key is removed only while it
+// still holds the caller's pending token.
+func (f *Filter) Release(ctx context.Context, scope string, leases []guard.Lease) error {
+	keys := make([]string, len(leases))
+	args := make([]any, len(leases))
+	for i, l := range leases {
+		keys[i] = f.Key(scope, l.ID)
+		args[i] = pendingPrefix + l.Token
+	}
+	_, err := f.call(ctx, func(ctx context.Context) error {
+		return releaseScript.Run(ctx, f.rdb, keys, args...).Err()
+	})
+	if err != nil {
+		return fmt.Errorf("redistier: release: %w", err)
+	}
+	return nil
+}
+
+func newToken() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux
+	return hex.EncodeToString(b[:])
+}
