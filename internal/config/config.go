@@ -3,15 +3,10 @@
 package config
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"time"
-
-	"go.yaml.in/yaml/v3"
 )
 
 // Defaults. The connection URLs point at the local services.
@@ -156,9 +151,7 @@ func Load(path string, getenv func(string) string, log *slog.Logger) (Config, er
 		if err != nil {
 			return cfg, fmt.Errorf("config: %w", err)
 		}
-		dec := yaml.NewDecoder(bytes.NewReader(b))
-		dec.KnownFields(true)
-		if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		if err := applyYAML(&cfg, b); err != nil {
 			return cfg, fmt.Errorf("config %s: %w", path, err)
 		}
 	}

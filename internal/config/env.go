@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // Field describes one setting, for --help and the docs.
@@ -25,6 +27,53 @@ func FieldsOf(c Config) []Field {
 		out = append(out, Field{Path: path, Env: env, Default: format(v)})
 	})
 	return out
+}
+
+// applyYAML sets the fields named in a YAML document. It goes through the same
+// parsers as the environment, so both name a bad value by its yaml path.
+func applyYAML(c *Config, doc []byte) error {
+	var raw map[string]any
+	if err := yaml.Unmarshal(doc, &raw); err != nil {
+		return err
+	}
+	flat := map[string]any{}
+	flatten(raw, "", flat)
+	var err error
+	walk(reflect.ValueOf(c).Elem(), "", func(path, _ string, v reflect.Value) {
+		val, ok := flat[path]
+		if !ok || err != nil {
+			return
+		}
+		delete(flat, path)
+		if val == nil {
+			err = fmt.Errorf("%s: empty value", path)
+			return
+		}
+		if e := set(v, fmt.Sprint(val)); e != nil {
+			err = fmt.Errorf("%s: %w", path, e)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	for path := range flat {
+		return fmt.Errorf("%s: unknown setting (see 'idem config')", path)
+	}
+	return nil
+}
+
+func flatten(m map[string]any, prefix string, out map[string]any) {
+	for k, v := range m {
+		path := k
+		if prefix != "" {
+			path = prefix + "." + k
+		}
+		if sub, ok := v.(map[string]any); ok {
+			flatten(sub, path, out)
+			continue
+		}
+		out[path] = v
+	}
 }
 
 func applyEnv(c *Config, getenv func(string) string) error {

@@ -80,9 +80,20 @@ func (f *Filter) call(ctx context.Context, fn func(ctx context.Context) error) (
 		cctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
 		defer cancel()
 		err := fn(cctx)
-		if err != nil && ctx.Err() != nil {
-			return nil, fmt.Errorf("%w: %w", errCallerGone, ctx.Err())
+		if err != nil && callerGone(ctx) {
+			return nil, fmt.Errorf("%w: %w", errCallerGone, err)
 		}
 		return nil, err
 	})
+}
+
+// callerGone reports whether ctx ended. A network deadline derived from ctx
+// can fire a moment before ctx.Err() turns non-nil, so the deadline is
+// compared with the clock as well.
+func callerGone(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }

@@ -1,0 +1,176 @@
+// Package testenv gives each test its own slice of the real services: a
+// Postgres schema, a Redis key prefix, RabbitMQ queue names, and, for tests
+// that must kill Redis, a private redis-server. Everything is removed when the
+// test ends, so tests run in parallel and leave nothing behind.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemhq/idem/internal/config"
+	"github.com/idemhq/idem/migrations"
+)
+
+// URLs of the shared services, from the environment or the local defaults.
+func DatabaseURL() string { return getenv("DATABASE_URL", config.DefaultDatabaseURL) }
+func RedisURL() string    { return getenv("REDIS_URL", config.DefaultRedisURL) }
+func AMQPURL() string     { return getenv("AMQP_URL", config.DefaultAMQPURL) }
+
+func getenv(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// Name returns a short unique name for the test's resources, e.g. "t3f9a1c2d".
+func Name(t testing.TB) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return "t" + hex.EncodeToString(b[:])
+}
+
+// Schema creates a fresh schema with idem's tables and returns a pool and a
+// DATABASE_URL confined to it (search_path), for child processes.
+func Schema(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	schema := Name(t)
+	admin, err := pgx.Connect(ctx, DatabaseURL())
+	if err != nil {
+		t.Fatalf("testenv: connect to postgres: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatalf("testenv: create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, DatabaseURL())
+		if err != nil {
+			t.Logf("testenv: drop schema %s: %v", schema, err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Logf("testenv: drop schema %s: %v", schema, err)
+		}
+	})
+	u := WithSearchPath(DatabaseURL(), schema)
+	pool, err := pgxpool.New(ctx, u)
+	if err != nil {
+		t.Fatalf("testenv: pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := migrations.Apply(ctx, pool); err != nil {
+		t.Fatalf("testenv: migrate: %v", err)
+	}
+	return pool, u
+}
+
+// WithSearchPath returns dbURL with search_path set to schema.
+func WithSearchPath(dbURL, schema string) string {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return dbURL
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// Redis returns a client on the shared Redis and a key prefix of the test's
+// own; the prefix's keys are deleted at the end.
+func Redis(t testing.TB) (*redis.Client, string) {
+	t.Helper()
+	opt, err := redis.ParseURL(RedisURL())
+	if err != nil {
+		t.Fatalf("testenv: REDIS_URL: %v", err)
+	}
+	opt.ContextTimeoutEnabled = true
+	rdb := redis.NewClient(opt)
+	prefix := Name(t)
+	t.Cleanup(func() {
+		DeletePrefix(rdb, prefix)
+		rdb.Close()
+	})
+	return rdb, prefix
+}
+
+// DeletePrefix removes every key starting with prefix.
+func DeletePrefix(rdb *redis.Client, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+		if len(keys) == 1000 {
+			rdb.Del(ctx, keys...)
+			keys = keys[:0]
+		}
+	}
+	if len(keys) > 0 {
+		rdb.Del(ctx, keys...)
+	}
+}
+
+// Queue returns a queue name of the test's own and deletes the queue, its
+// dead-letter queue and exchange at the end.
+func Queue(t testing.TB) string {
+	t.Helper()
+	q := "idem.test." + Name(t)
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(AMQPURL())
+		if err != nil {
+			t.Logf("testenv: delete queue %s: %v", q, err)
+			return
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			return
+		}
+		_, _ = ch.QueueDelete(q, false, false, false)
+		_, _ = ch.QueueDelete(q+".dlq", false, false, false)
+		_ = ch.ExchangeDelete(q+".dlx", false, false)
+	})
+	return q
+}
+
+// QueueDepth returns the ready messages in queue, or -1 if it does not exist.
+func QueueDepth(t testing.TB, queue string) int {
+	t.Helper()
+	conn, err := amqp.Dial(AMQPURL())
+	if err != nil {
+		t.Fatalf("testenv: dial: %v", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("testenv: channel: %v", err)
+	}
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		if strings.Contains(err.Error(), "NOT_FOUND") {
+			return -1
+		}
+		t.Fatalf("testenv: inspect %s: %v", queue, err)
+	}
+	return q.Messages
+}

@@ -1,0 +1,209 @@
+package redistier_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/pkg/guard/guardtest"
+	"github.com/idemhq/idem/pkg/guard/redistier"
+)
+
+func newFilter(t *testing.T, rdb *redis.Client, cfg redistier.Config) *redistier.Filter {
+	t.Helper()
+	f, err := redistier.New(rdb, cfg)
+	require.NoError(t, err)
+	return f
+}
+
+func miniClient(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	return m, rdb
+}
+
+func TestFastPathSuiteMiniredis(t *testing.T) {
+	guardtest.TestFastPath(t, func(t *testing.T) guard.FastPath {
+		_, rdb := miniClient(t)
+		return newFilter(t, rdb, redistier.Config{})
+	})
+}
+
+func TestFastPathSuiteRedis(t *testing.T) {
+	guardtest.TestFastPath(t, func(t *testing.T) guard.FastPath {
+		rdb, prefix := testenv.Redis(t)
+		return newFilter(t, rdb, redistier.Config{Prefix: prefix, Timeout: time.Second})
+	})
+}
+
+var e1 = guard.Event{ID: "evt_1", Hash: guard.HashFields("evt_1")}
+
+func claim(f *redistier.Filter, ctx context.Context) guard.FastResult {
+	return f.Claim(ctx, "svc", []guard.Event{e1})[0]
+}
+
+func TestLeaseExpiresSoACrashedClaimFreesItself(t *testing.T) {
+	m, rdb := miniClient(t)
+	f := newFilter(t, rdb, redistier.Config{Lease: 5 * time.Second})
+	require.Equal(t, guard.FastAcquired, claim(f, context.Background()).State)
+	require.Equal(t, guard.FastPending, claim(f, context.Background()).State)
+	m.FastForward(5 * time.Second)
+	require.Equal(t, guard.FastAcquired, claim(f, context.Background()).State)
+}
+
+func TestDoneMarkerExpiresAfterDoneTTL(t *testing.T) {
+	m, rdb := miniClient(t)
+	f := newFilter(t, rdb, redistier.Config{DoneTTL: time.Hour})
+	require.NoError(t, f.MarkDone(context.Background(), "svc", []guard.Event{e1}))
+	m.FastForward(59 * time.Minute)
+	require.Equal(t, guard.FastDone, claim(f, context.Background()).State)
+	m.FastForward(time.Minute)
+	require.Equal(t, guard.FastAcquired, claim(f, context.Background()).State)
+}
+
+func TestFlushForgetsEverything(t *testing.T) {
+	m, rdb := miniClient(t)
+	f := newFilter(t, rdb, redistier.Config{})
+	require.NoError(t, f.MarkDone(context.Background(), "svc", []guard.Event{e1}))
+	m.FlushAll()
+	// Not done any more: the guard must now ask Postgres, which still knows.
+	require.Equal(t, guard.FastAcquired, claim(f, context.Background()).State)
+}
+
+func TestKeyLayout(t *testing.T) {
+	m, rdb := miniClient(t)
+	f := newFilter(t, rdb, redistier.Config{Prefix: "pay"})
+	r := claim(f, context.Background())
+	v, err := m.Get("pay:svc:evt_1")
+	require.NoError(t, err)
+	require.Equal(t, "pending:"+r.Token, v)
+	require.NoError(t, f.MarkDone(context.Background(), "svc", []guard.Event{e1}))
+	v, _ = m.Get("pay:svc:evt_1")
+	require.Regexp(t, `^done:[0-9a-f]{64}$`, v)
+}
+
+func TestErrorsSkipAndOpenTheBreaker(t *testing.T) {
+	m, rdb := miniClient(t)
+	var mu sync.Mutex
+	var transitions []string
+	f := newFilter(t, rdb, redistier.Config{Breaker: redistier.BreakerConfig{
+		FailureThreshold: 3,
+		OpenTimeout:      time.Hour,
+		OnStateChange: func(from, to string) {
+			mu.Lock()
+			transitions = append(transitions, from+"->"+to)
+			mu.Unlock()
+		},
+	}})
+	m.SetError("LOADING Redis is loading the dataset in memory")
+	for range 3 {
+		r := claim(f, context.Background())
+		require.Equal(t, guard.FastSkipped, r.State)
+		require.ErrorContains(t, r.Err, "LOADING")
+	}
+	require.Equal(t, "open", f.BreakerState())
+	require.Equal(t, []string{"closed->open"}, transitions)
+
+	// Open: no call reaches Redis at all, so an outage adds no latency.
+	m.SetError("")
+	before := m.CommandCount()
+	r := claim(f, context.Background())
+	require.Equal(t, guard.FastSkipped, r.State)
+	require.ErrorIs(t, r.Err, gobreaker.ErrOpenState)
+	require.Error(t, f.MarkDone(context.Background(), "svc", []guard.Event{e1}))
+	require.Equal(t, before, m.CommandCount())
+}
+
+func TestBreakerProbesAndClosesAfterOpenTimeout(t *testing.T) {
+	m, rdb := miniClient(t)
+	f := newFilter(t, rdb, redistier.Config{Breaker: redistier.BreakerConfig{
+		FailureThreshold: 1,
+		OpenTimeout:      20 * time.Millisecond,
+	}})
+	m.SetError("ERR down")
+	require.Equal(t, guard.FastSkipped, claim(f, context.Background()).State)
+	require.Equal(t, "open", f.BreakerState())
+	m.SetError("")
+	// gobreaker reads the wall clock; poll until its open timeout passed.
+	require.Eventually(t, func() bool { return f.BreakerState() == "half-open" }, 5*time.Second, 5*time.Millisecond)
+	require.Equal(t, guard.FastAcquired, claim(f, context.Background()).State)
+	require.Equal(t, "closed", f.BreakerState())
+}
+
+// blackhole accepts connections and never answers: a hung Redis.
+func blackhole(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var conns []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	return l.Addr().String()
+}
+
+func TestHungRedisIsCutOffByTheCallDeadline(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: blackhole(t), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	f := newFilter(t, rdb, redistier.Config{Timeout: 30 * time.Millisecond})
+	r := claim(f, context.Background())
+	require.Equal(t, guard.FastSkipped, r.State)
+	require.True(t, errors.Is(r.Err, context.DeadlineExceeded) || isTimeout(r.Err), "want a deadline error, got %v", r.Err)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func TestCallerCancellationNeverTripsTheBreaker(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: blackhole(t), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	f := newFilter(t, rdb, redistier.Config{Timeout: time.Minute, Breaker: redistier.BreakerConfig{FailureThreshold: 1}})
+	for range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		r := claim(f, ctx)
+		cancel()
+		require.Equal(t, guard.FastSkipped, r.State)
+	}
+	require.Equal(t, "closed", f.BreakerState())
+}
+
+func TestNewRejectsUnsafeClientAndConfig(t *testing.T) {
+	_, err := redistier.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), redistier.Config{})
+	require.ErrorContains(t, err, "ContextTimeoutEnabled")
+	_, rdb := miniClient(t)
+	_, err = redistier.New(rdb, redistier.Config{Prefix: "a:b"})
+	require.ErrorContains(t, err, "Prefix")
+	_, err = redistier.New(rdb, redistier.Config{Lease: time.Microsecond})
+	require.ErrorContains(t, err, "Lease")
+}
