@@ -49,17 +49,17 @@ func (m *Metrics) BreakerChange(from, to string) {
 	m.mu.Unlock()
 }
 
-// Snapshot returns outcome counts keyed "outcome" or "outcome/reason".
+// Snapshot returns counts keyed "outcome" (the total over reasons),
+// "outcome/reason" and "breaker/from->to".
 func (m *Metrics) Snapshot() map[string]int64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := map[string]int64{}
 	for k, v := range m.outcomes {
-		name := k[0]
+		out[k[0]] += v
 		if k[1] != "" {
-			name += "/" + k[1]
+			out[k[0]+"/"+k[1]] += v
 		}
-		out[name] += v
 	}
 	for k, v := range m.breaker {
 		out["breaker/"+k[0]+"->"+k[1]] += v

@@ -1,0 +1,118 @@
+package e2e
+
+import (
+	"context"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/pkg/consumer"
+)
+
+func body(s string) amqp.Publishing {
+	return amqp.Publishing{ContentType: "application/json", Body: []byte(s)}
+}
+
+// TestBadInputIsDeadLetteredWithAReason sends every kind of bad message
+// between good ones. Each bad one must land in the dead-letter queue with its
+// reason, and the good ones behind it must still be applied.
+func TestBadInputIsDeadLetteredWithAReason(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	e.vars = append(e.vars, "IDEM_CONSUMER_DELIVERY_LIMIT=3")
+	// A handler that keeps failing: the ledger refuses one user.
+	_, err := e.pool.Exec(context.Background(), `
+		CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.user_id = 'user_poison' THEN RAISE EXCEPTION 'poisoned payment'; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER poison BEFORE INSERT ON payments_ledger FOR EACH ROW EXECUTE FUNCTION poison();`)
+	require.NoError(t, err)
+	e.consume("c0")
+
+	ok := func(id string, amount string) amqp.Publishing {
+		return body(`{"eventId":"` + id + `","userId":"user_1","type":"PAYMENT_COMPLETED","amount":` + amount + `}`)
+	}
+	e.publishRaw(ok("evt_conflict", "100"))
+	e.waitRows(1)
+
+	old := ok("evt_old", "100")
+	old.Timestamp = time.Now().Add(-31 * 24 * time.Hour)
+	want := map[string]string{ // message id -> reason
+		"m_json":     "invalid_json",
+		"m_noid":     "invalid_event_id",
+		"m_emptyid":  "invalid_event_id",
+		"m_longid":   "invalid_event_id",
+		"m_userint":  "invalid_field",
+		"m_negative": "invalid_field",
+		"m_fraction": "invalid_field",
+		"m_type":     "unknown_type",
+		"m_conflict": consumer.ReasonPayloadConflict,
+		"m_poison":   consumer.ReasonHandlerFailed,
+		"m_old":      consumer.ReasonBeyondRetention,
+		"m_binary":   "invalid_json",
+	}
+	msgs := map[string]amqp.Publishing{
+		"m_json":     body(`{"eventId":`),
+		"m_noid":     body(`{"userId":"user_1","type":"PAYMENT_COMPLETED","amount":1}`),
+		"m_emptyid":  body(`{"eventId":"","userId":"user_1","type":"PAYMENT_COMPLETED","amount":1}`),
+		"m_longid":   body(`{"eventId":"` + strings.Repeat("e", 200) + `","userId":"user_1","type":"PAYMENT_COMPLETED","amount":1}`),
+		"m_userint":  body(`{"eventId":"evt_u","userId":42,"type":"PAYMENT_COMPLETED","amount":1}`),
+		"m_negative": ok("evt_neg", "-5"),
+		"m_fraction": ok("evt_frac", "10.5"),
+		"m_type":     body(`{"eventId":"evt_t","userId":"user_1","type":"PAYMENT_STARTED","amount":1}`),
+		"m_conflict": ok("evt_conflict", "200"),
+		"m_poison":   body(`{"eventId":"evt_poison","userId":"user_poison","type":"PAYMENT_COMPLETED","amount":1}`),
+		"m_old":      old,
+		"m_binary":   {Body: []byte{0xff, 0x00, 0xfe}},
+	}
+	var batch []amqp.Publishing
+	for id, m := range msgs {
+		m.MessageId = id
+		batch = append(batch, m, ok("evt_after_"+id, "7"))
+	}
+	e.publishRaw(batch...)
+
+	letters := e.deadLetters(len(want))
+	got := map[string]string{}
+	for _, d := range letters {
+		reason, _ := d.Headers[consumer.HeaderReason].(string)
+		got[d.MessageId] = reason
+		require.NotEmpty(t, d.Headers[consumer.HeaderError], "dead letter %s carries no error text", d.MessageId)
+		require.Equal(t, msgs[d.MessageId].Body, d.Body, "dead letter %s must keep the original body", d.MessageId)
+		require.Equal(t, e.queue, d.Headers[consumer.HeaderQueue])
+	}
+	require.Equal(t, want, got)
+
+	// The good events behind the bad ones were applied, once each.
+	require.Eventually(t, func() bool { return e.ledgerRows() == 1+len(msgs) }, 30*time.Second, 20*time.Millisecond)
+	rows, err := e.pool.Query(context.Background(), `SELECT event_id, amount FROM payments_ledger ORDER BY event_id`)
+	require.NoError(t, err)
+	var ids []string
+	for rows.Next() {
+		var id string
+		var amount int64
+		require.NoError(t, rows.Scan(&id, &amount))
+		if id == "evt_conflict" {
+			require.Equal(t, int64(100), amount, "the conflicting payload must not replace the first")
+		}
+		ids = append(ids, id)
+	}
+	require.NoError(t, rows.Err())
+	var wantIDs []string
+	for id := range msgs {
+		wantIDs = append(wantIDs, "evt_after_"+id)
+	}
+	wantIDs = append(wantIDs, "evt_conflict")
+	sort.Strings(wantIDs)
+	require.Equal(t, wantIDs, ids)
+
+	stats := e.stopAll()
+	require.Equal(t, int64(len(want)), stats["dead_lettered"], "%v", stats)
+	require.Equal(t, 0, countReady(t, e.queue))
+}

@@ -1,0 +1,258 @@
+// Package e2e runs the idem binary against the real RabbitMQ, PostgreSQL and
+// Redis: fleets of `idem consume` processes, killed with SIGKILL at named
+// points, with Redis killed and flushed under them.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/fleet"
+	"github.com/idemhq/idem/internal/loadgen"
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/verify"
+	"github.com/idemhq/idem/pkg/consumer"
+)
+
+var idemBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "idem-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	idemBin = filepath.Join(dir, "idem")
+	args := []string{"build", "-o", idemBin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, "github.com/idemhq/idem/cmd/idem")...)
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build idem:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// env is one test's isolated slice of the services.
+type env struct {
+	t      *testing.T
+	pool   *pgxpool.Pool
+	queue  string
+	dir    string
+	vars   []string
+	procs  []*fleet.Proc
+	nextID int
+}
+
+// newEnv gives the test its own schema, queue and Redis key prefix. redisURL
+// may name a test-owned Redis; empty means the shared one.
+func newEnv(t *testing.T, redisURL string) *env {
+	t.Helper()
+	pool, dbURL := testenv.Schema(t)
+	e := &env{t: t, pool: pool, queue: testenv.Queue(t), dir: t.TempDir()}
+	prefix := testenv.Name(t)
+	if redisURL == "" {
+		rdb, p := testenv.Redis(t) // cleans up the prefix's keys
+		rdb.Close()
+		redisURL, prefix = testenv.RedisURL(), p
+	}
+	e.vars = []string{
+		"DATABASE_URL=" + dbURL,
+		"AMQP_URL=" + testenv.AMQPURL(),
+		"REDIS_URL=" + redisURL,
+		"IDEM_QUEUE=" + e.queue,
+		"IDEM_REDIS_PREFIX=" + prefix,
+		"IDEM_CONSUMER_PREFETCH=32",
+		"IDEM_CONSUMER_WORKERS=8",
+		"IDEM_CONSUMER_RETRY_BACKOFF_MIN=20ms",
+		"IDEM_CONSUMER_RETRY_BACKOFF_MAX=200ms",
+		"IDEM_CONSUMER_DRAIN_TIMEOUT=10s",
+		"IDEM_REDIS_BREAKER_OPEN_TIMEOUT=300ms",
+		"IDEM_POSTGRES_MAX_CONNS=12",
+	}
+	t.Cleanup(func() {
+		for _, p := range e.procs {
+			p.Kill()
+		}
+		if t.Failed() {
+			e.dumpLogs()
+		}
+	})
+	return e
+}
+
+func (e *env) dumpLogs() {
+	for _, p := range e.procs {
+		b, _ := os.ReadFile(p.LogPath)
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if len(lines) > 40 {
+			lines = lines[len(lines)-40:]
+		}
+		e.t.Logf("--- last lines of %s:\n%s", p.Name, strings.Join(lines, "\n"))
+	}
+}
+
+// idem runs an idem subcommand to completion and returns its output.
+func (e *env) idem(args ...string) (string, error) {
+	cmd := exec.Command(idemBin, args...)
+	cmd.Env = append(os.Environ(), e.vars...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// publish sends count events plus dupRatio re-sends and returns the manifest.
+func (e *env) publish(count int, dupRatio float64, extra ...string) loadgen.Manifest {
+	e.t.Helper()
+	path := filepath.Join(e.dir, fmt.Sprintf("manifest-%d.json", e.nextID))
+	e.nextID++
+	args := append([]string{"publish", "--quiet", "--count", fmt.Sprint(count), "--users", "20",
+		"--dup-ratio", fmt.Sprint(dupRatio), "--delay-window", "200", "--manifest", path}, extra...)
+	out, err := e.idem(args...)
+	require.NoError(e.t, err, out)
+	m, err := loadgen.ReadManifest(path)
+	require.NoError(e.t, err)
+	return m
+}
+
+// consume starts one `idem consume` with extra environment.
+func (e *env) consume(name string, extraEnv ...string) *fleet.Proc {
+	e.t.Helper()
+	p, err := fleet.Start(fleet.Spec{Bin: idemBin, Name: name, Dir: e.dir, Env: append(append([]string{}, e.vars...), extraEnv...)})
+	require.NoError(e.t, err)
+	e.procs = append(e.procs, p)
+	return p
+}
+
+// waitKilled waits for p to die of its armed crash point.
+func (e *env) waitKilled(p *fleet.Proc, step string) {
+	e.t.Helper()
+	select {
+	case <-p.Done():
+	case <-time.After(60 * time.Second):
+		e.t.Fatalf("%s never reached crash point %s", p.Name, step)
+	}
+	require.True(e.t, p.Killed(), "%s should have died of SIGKILL, exit: %v", p.Name, p.Err())
+	b, _ := os.ReadFile(p.LogPath)
+	require.Contains(e.t, string(b), "crashpoint: SIGKILL at "+step)
+}
+
+// waitApplied waits until every manifest event has a ledger row.
+func (e *env) waitApplied(m loadgen.Manifest) verify.Report {
+	e.t.Helper()
+	r, err := verify.Wait(context.Background(), e.pool, m, 90*time.Second)
+	require.NoError(e.t, err)
+	return r
+}
+
+// stopAll sends SIGTERM to every live consumer and requires a clean exit.
+// It returns the summed outcome counts of the consumers that exited cleanly.
+func (e *env) stopAll() map[string]int64 {
+	e.t.Helper()
+	totals := map[string]int64{}
+	for _, p := range e.procs {
+		select {
+		case <-p.Done():
+			continue // killed earlier, on purpose
+		default:
+		}
+		require.NoError(e.t, p.Stop(30*time.Second), "%s must drain and exit 0 on SIGTERM", p.Name)
+		st, err := p.Stats()
+		require.NoError(e.t, err)
+		for k, v := range st {
+			totals[k] += v
+		}
+	}
+	return totals
+}
+
+// requireExactlyOnce checks the ledger against every manifest, through
+// `idem verify` as an operator would and with direct SQL, and that nothing
+// was left in the queue.
+func (e *env) requireExactlyOnce(ms ...loadgen.Manifest) {
+	e.t.Helper()
+	for i, m := range ms {
+		r, err := verify.Check(context.Background(), e.pool, m)
+		require.NoError(e.t, err)
+		require.True(e.t, r.OK(), "manifest %d: %+v", i, r)
+		require.Equal(e.t, len(m.Events), r.ExactlyOnce)
+		out, err := e.idem("verify", "--manifest", filepath.Join(e.dir, fmt.Sprintf("manifest-%d.json", i)))
+		require.NoError(e.t, err, out)
+		require.Contains(e.t, out, "PASS")
+	}
+	var doubled int
+	require.NoError(e.t, e.pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM (SELECT event_id FROM payments_ledger GROUP BY event_id HAVING count(*) > 1) d`).Scan(&doubled))
+	require.Zero(e.t, doubled, "event_ids with more than one ledger row")
+	var badBalances int
+	require.NoError(e.t, e.pool.QueryRow(context.Background(), `SELECT count(*) FROM account_balances b
+		FULL JOIN (SELECT user_id, sum(amount) AS s FROM payments_ledger GROUP BY user_id) l USING (user_id)
+		WHERE b.balance IS DISTINCT FROM l.s`).Scan(&badBalances))
+	require.Zero(e.t, badBalances, "balances that differ from their ledger sum")
+	require.Equal(e.t, 0, testenv.QueueDepth(e.t, e.queue), "messages left in %s", e.queue)
+}
+
+// publishRaw sends bodies as they are, persistent, to the test's queue.
+func (e *env) publishRaw(msgs ...amqp.Publishing) {
+	e.t.Helper()
+	conn, err := amqp.Dial(testenv.AMQPURL())
+	require.NoError(e.t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(e.t, err)
+	require.NoError(e.t, consumer.TopologyFor(e.queue, consumer.DefaultBrokerDeliveryLimit).Declare(ch))
+	require.NoError(e.t, ch.Confirm(false))
+	for _, m := range msgs {
+		m.DeliveryMode = amqp.Persistent
+		if m.Timestamp.IsZero() {
+			m.Timestamp = time.Now()
+		}
+		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", e.queue, true, false, m)
+		require.NoError(e.t, err)
+		require.True(e.t, dc.Wait(), "broker nacked")
+	}
+}
+
+// deadLetters reads n messages from the dead-letter queue (waiting for them)
+// and returns them.
+func (e *env) deadLetters(n int) []amqp.Delivery {
+	e.t.Helper()
+	conn, err := amqp.Dial(testenv.AMQPURL())
+	require.NoError(e.t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(e.t, err)
+	var out []amqp.Delivery
+	deadline := time.Now().Add(60 * time.Second)
+	for len(out) < n && time.Now().Before(deadline) {
+		d, ok, err := ch.Get(e.queue+".dlq", false)
+		require.NoError(e.t, err)
+		if !ok {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		out = append(out, d)
+		require.NoError(e.t, d.Ack(false))
+	}
+	require.Len(e.t, out, n, "dead letters")
+	return out
+}
+
+func countReady(t *testing.T, queue string) int { return testenv.QueueDepth(t, queue) }
