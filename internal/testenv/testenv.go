@@ -131,12 +131,12 @@ func DeletePrefix(rdb *redis.Client, prefix string) {
 }
 
 // Queue returns a queue name of the test's own and deletes the queue, its
-// dead-letter queue and exchange at the end.
-func Queue(t testing.TB) string {
+// dead-letter queue and exchange from amqpURL's vhost at the end.
+func Queue(t testing.TB, amqpURL string) string {
 	t.Helper()
 	q := "idem.test." + Name(t)
 	t.Cleanup(func() {
-		conn, err := amqp.Dial(AMQPURL())
+		conn, err := amqp.Dial(amqpURL)
 		if err != nil {
 			t.Logf("testenv: delete queue %s: %v", q, err)
 			return
@@ -154,9 +154,9 @@ func Queue(t testing.TB) string {
 }
 
 // QueueDepth returns the ready messages in queue, or -1 if it does not exist.
-func QueueDepth(t testing.TB, queue string) int {
+func QueueDepth(t testing.TB, amqpURL, queue string) int {
 	t.Helper()
-	conn, err := amqp.Dial(AMQPURL())
+	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
 		t.Fatalf("testenv: dial: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/pkg/consumer"
 )
 
@@ -22,7 +23,7 @@ func body(s string) amqp.Publishing {
 // reason, and the good ones behind it must still be applied.
 func TestBadInputIsDeadLetteredWithAReason(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "")
+	e := newEnv(t, "", "")
 	e.vars = append(e.vars, "IDEM_CONSUMER_DELIVERY_LIMIT=3")
 	// A handler that keeps failing: the ledger refuses one user.
 	_, err := e.pool.Exec(context.Background(), `
@@ -114,5 +115,5 @@ func TestBadInputIsDeadLetteredWithAReason(t *testing.T) {
 
 	stats := e.stopAll()
 	require.Equal(t, int64(len(want)), stats["dead_lettered"], "%v", stats)
-	require.Equal(t, 0, countReady(t, e.queue))
+	require.Equal(t, 0, testenv.QueueDepth(t, e.amqpURL, e.queue))
 }

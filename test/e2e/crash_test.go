@@ -17,7 +17,7 @@ func TestCrashAtEveryStepLosesNothingAndDoublesNothing(t *testing.T) {
 	for _, step := range crashpoint.Steps {
 		t.Run(string(step), func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t, "")
+			e := newEnv(t, "", "")
 			m := e.publish(400, 0.3)
 			victim := e.consume("victim", crashpoint.EnvAt+"="+string(step), crashpoint.EnvAfter+"=40")
 			e.waitKilled(victim, string(step))
@@ -35,7 +35,7 @@ func TestCrashAtEveryStepLosesNothingAndDoublesNothing(t *testing.T) {
 // different points, while the stream flows, restarting each one.
 func TestRepeatedKillsDuringAStream(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "")
+	e := newEnv(t, "", "")
 	m := e.publish(1500, 0.25)
 	for round, step := range crashpoint.Steps {
 		p := e.consume(fmt.Sprintf("victim-%d", round), crashpoint.EnvAt+"="+string(step), crashpoint.EnvAfter+"=15")

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,21 +52,29 @@ func TestMain(m *testing.M) {
 
 // env is one test's isolated slice of the services.
 type env struct {
-	t      *testing.T
-	pool   *pgxpool.Pool
-	queue  string
-	dir    string
-	vars   []string
-	procs  []*fleet.Proc
-	nextID int
+	t       *testing.T
+	pool    *pgxpool.Pool
+	amqpURL string
+	appName string // application_name of the consumers' Postgres sessions
+	queue   string
+	dir     string
+	vars    []string
+	procs   []*fleet.Proc
+	nextID  int
 }
 
 // newEnv gives the test its own schema, queue and Redis key prefix. redisURL
-// may name a test-owned Redis; empty means the shared one.
-func newEnv(t *testing.T, redisURL string) *env {
+// may name a test-owned Redis and amqpURL a test-owned vhost; empty means the
+// shared ones.
+func newEnv(t *testing.T, redisURL, amqpURL string) *env {
 	t.Helper()
+	if amqpURL == "" {
+		amqpURL = testenv.AMQPURL()
+	}
 	pool, dbURL := testenv.Schema(t)
-	e := &env{t: t, pool: pool, queue: testenv.Queue(t), dir: t.TempDir()}
+	e := &env{t: t, pool: pool, amqpURL: amqpURL, queue: testenv.Queue(t, amqpURL), dir: t.TempDir()}
+	e.appName = "idem_" + testenv.Name(t)
+	dbURL = withParam(dbURL, "application_name", e.appName)
 	prefix := testenv.Name(t)
 	if redisURL == "" {
 		rdb, p := testenv.Redis(t) // cleans up the prefix's keys
@@ -74,7 +83,7 @@ func newEnv(t *testing.T, redisURL string) *env {
 	}
 	e.vars = []string{
 		"DATABASE_URL=" + dbURL,
-		"AMQP_URL=" + testenv.AMQPURL(),
+		"AMQP_URL=" + amqpURL,
 		"REDIS_URL=" + redisURL,
 		"IDEM_QUEUE=" + e.queue,
 		"IDEM_REDIS_PREFIX=" + prefix,
@@ -162,10 +171,14 @@ func (e *env) waitApplied(m loadgen.Manifest) verify.Report {
 	return r
 }
 
-// stopAll sends SIGTERM to every live consumer and requires a clean exit.
-// It returns the summed outcome counts of the consumers that exited cleanly.
+// stopAll waits for the queue to empty (the last re-sends may still be
+// queued after every event was applied), then sends SIGTERM to every live
+// consumer and requires a clean exit. It returns the summed outcome counts
+// of the consumers that exited cleanly.
 func (e *env) stopAll() map[string]int64 {
 	e.t.Helper()
+	require.Eventually(e.t, func() bool { return testenv.QueueDepth(e.t, e.amqpURL, e.queue) == 0 },
+		60*time.Second, 20*time.Millisecond, "queue %s never emptied", e.queue)
 	totals := map[string]int64{}
 	for _, p := range e.procs {
 		select {
@@ -206,13 +219,13 @@ func (e *env) requireExactlyOnce(ms ...loadgen.Manifest) {
 		FULL JOIN (SELECT user_id, sum(amount) AS s FROM payments_ledger GROUP BY user_id) l USING (user_id)
 		WHERE b.balance IS DISTINCT FROM l.s`).Scan(&badBalances))
 	require.Zero(e.t, badBalances, "balances that differ from their ledger sum")
-	require.Equal(e.t, 0, testenv.QueueDepth(e.t, e.queue), "messages left in %s", e.queue)
+	require.Equal(e.t, 0, testenv.QueueDepth(e.t, e.amqpURL, e.queue), "messages left in %s", e.queue)
 }
 
 // publishRaw sends bodies as they are, persistent, to the test's queue.
 func (e *env) publishRaw(msgs ...amqp.Publishing) {
 	e.t.Helper()
-	conn, err := amqp.Dial(testenv.AMQPURL())
+	conn, err := amqp.Dial(e.amqpURL)
 	require.NoError(e.t, err)
 	defer conn.Close()
 	ch, err := conn.Channel()
@@ -234,7 +247,7 @@ func (e *env) publishRaw(msgs ...amqp.Publishing) {
 // and returns them.
 func (e *env) deadLetters(n int) []amqp.Delivery {
 	e.t.Helper()
-	conn, err := amqp.Dial(testenv.AMQPURL())
+	conn, err := amqp.Dial(e.amqpURL)
 	require.NoError(e.t, err)
 	defer conn.Close()
 	ch, err := conn.Channel()
@@ -255,4 +268,13 @@ func (e *env) deadLetters(n int) []amqp.Delivery {
 	return out
 }
 
-func countReady(t *testing.T, queue string) int { return testenv.QueueDepth(t, queue) }
+func withParam(rawURL, k, v string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return rawURL
+	}
+	q := u.Query()
+	q.Set(k, v)
+	u.RawQuery = q.Encode()
+	return u.String()
+}

@@ -39,7 +39,7 @@ func (e *env) publishAsync(count int, dup float64, rate int) <-chan loadgen.Mani
 func TestRedisKilledAndFlushedMidStream(t *testing.T) {
 	t.Parallel()
 	rs := testenv.StartRedis(t)
-	e := newEnv(t, rs.URL())
+	e := newEnv(t, rs.URL(), "")
 	e.consume("c0")
 	e.consume("c1")
 	published := e.publishAsync(3000, 0.25, 1200)
@@ -68,7 +68,7 @@ func TestRedisKilledAndFlushedMidStream(t *testing.T) {
 func TestRedisFlushedRepeatedly(t *testing.T) {
 	t.Parallel()
 	rs := testenv.StartRedis(t)
-	e := newEnv(t, rs.URL())
+	e := newEnv(t, rs.URL(), "")
 	e.consume("c0")
 	e.consume("c1")
 	published := e.publishAsync(2000, 0.5, 1500)
