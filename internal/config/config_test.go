@@ -81,3 +81,22 @@ func TestEveryFieldHasAnEnvVar(t *testing.T) {
 	require.True(t, seen["IDEM_QUEUE"])
 	require.True(t, seen["DATABASE_URL"])
 }
+
+// The example file documents every setting with its default: keep it true.
+func TestExampleFileMatchesDefaults(t *testing.T) {
+	cfg, err := Load("../../idem.example.yaml", func(string) string { return "" }, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	want := Default()
+	want.Postgres.MaxConns = int32(want.Consumer.Workers + 4)
+	require.Equal(t, want, cfg)
+}
+
+// The README's configuration reference lists every setting and its env var.
+func TestReadmeListsEverySetting(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	for _, f := range Fields() {
+		require.Contains(t, string(b), "`"+f.Path+"`", "README misses setting %s", f.Path)
+		require.Contains(t, string(b), f.Env, "README misses env var %s", f.Env)
+	}
+}

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Makes sure the local PostgreSQL, Redis and RabbitMQ that the tests and the
+# demo use are installed and running, starting (or, on a bare Debian machine,
+# installing) each one that is not. Idempotent; used by .ci/run and `make`.
+set -euo pipefail
+
+log() { echo "services: $*" >&2; }
+
+need_pkg() { # need_pkg COMMAND PACKAGE...
+	command -v "$1" >/dev/null 2>&1 && return 0
+	log "installing ${*:2}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq && apt-get install -y -qq "${@:2}" >/dev/null
+}
+
+wait_for() { # wait_for NAME SECONDS COMMAND...
+	local name=$1 secs=$2; shift 2
+	for _ in $(seq 1 $((secs * 5))); do
+		"$@" >/dev/null 2>&1 && return 0
+		sleep 0.2
+	done
+	log "$name did not come up within ${secs}s"; return 1
+}
+
+postgres() {
+	if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+		need_pkg pg_ctlcluster postgresql
+		# Tests connect over TCP as postgres without a password.
+		for hba in /etc/postgresql/*/main/pg_hba.conf; do
+			sed -i -E 's/^(host\s+all\s+all\s+(127\.0\.0\.1\/32|::1\/128)\s+)\S+/\1trust/' "$hba"
+		done
+	fi
+	if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+		log "starting PostgreSQL"
+		pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort -V | tail -1)" main start
+		wait_for PostgreSQL 60 pg_isready -q -h 127.0.0.1 -p 5432
+	fi
+	if ! psql -h 127.0.0.1 -U postgres -d test -Atc 'select 1' >/dev/null 2>&1; then
+		log "creating database test"
+		createdb -h 127.0.0.1 -U postgres test
+	fi
+}
+
+redis() {
+	need_pkg redis-server redis-server
+	if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+		log "starting Redis"
+		mkdir -p /var/lib/redis /var/log/redis
+		redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+			--dir /var/lib/redis --logfile /var/log/redis/ci.log
+		wait_for Redis 30 redis-cli -h 127.0.0.1 -p 6379 ping
+	fi
+}
+
+rabbitmq() {
+	need_pkg rabbitmq-server rabbitmq-server
+	if ! rabbitmq-diagnostics -q check_port_connectivity >/dev/null 2>&1; then
+		log "starting RabbitMQ"
+		rabbitmq-server -detached || true
+		wait_for RabbitMQ 120 rabbitmq-diagnostics -q check_port_connectivity
+	fi
+}
+
+postgres
+redis
+rabbitmq
+log "PostgreSQL, Redis and RabbitMQ are up"

@@ -1,0 +1,11 @@
+# The idem binary, for docker-compose.yml's consumer and migrate services.
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+RUN CGO_ENABLED=0 go build -trimpath -o /idem ./cmd/idem
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /idem /idem
+ENTRYPOINT ["/idem"]

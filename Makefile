@@ -1,0 +1,31 @@
+# The README's two commands are `make demo` and `make test`.
+GO ?= go
+export PATH := /usr/local/go/bin:$(PATH)
+
+.PHONY: demo test services build lint fire clean
+
+## demo: start the local services, then run a fleet of consumers on a stream with duplicates and verify it
+demo: services build
+	./bin/idem demo
+
+## test: start the local services, then run every test (unit, Postgres, Redis, RabbitMQ, crash and chaos) with -race
+test: services
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+## services: make sure PostgreSQL, Redis and RabbitMQ run locally
+services:
+	@bash .ci/services.sh
+
+build:
+	$(GO) build -o bin/idem ./cmd/idem
+
+lint:
+	@test -z "$$(gofmt -l .)" || (gofmt -l .; exit 1)
+	$(GO) vet ./...
+
+## fire: the fleet-under-fire test on a bigger stream (IDEM_FIRE_EVENTS, IDEM_FIRE_SEED)
+fire: services
+	IDEM_FIRE_EVENTS=$${IDEM_FIRE_EVENTS:-100000} $(GO) test -count=1 -timeout 30m -run TestFleetUnderFire -v ./test/e2e/
+
+clean:
+	rm -rf bin
