@@ -42,14 +42,18 @@ func Name(t testing.TB) string {
 	return "t" + hex.EncodeToString(b[:])
 }
 
-// Schema creates a fresh schema with idem's tables and returns a pool and a
-// DATABASE_URL confined to it (search_path), for child processes.
-func Schema(t testing.TB) (*pgxpool.Pool, string) {
+// Schema creates a fresh schema with idem's tables on the shared server and
+// returns a pool and a DATABASE_URL confined to it (search_path), for child
+// processes.
+func Schema(t testing.TB) (*pgxpool.Pool, string) { return SchemaOn(t, DatabaseURL()) }
+
+// SchemaOn is Schema on the server at dbURL.
+func SchemaOn(t testing.TB, dbURL string) (*pgxpool.Pool, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	schema := Name(t)
-	admin, err := pgx.Connect(ctx, DatabaseURL())
+	admin, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		t.Fatalf("testenv: connect to postgres: %v", err)
 	}
@@ -60,7 +64,7 @@ func Schema(t testing.TB) (*pgxpool.Pool, string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		c, err := pgx.Connect(ctx, DatabaseURL())
+		c, err := pgx.Connect(ctx, dbURL)
 		if err != nil {
 			t.Logf("testenv: drop schema %s: %v", schema, err)
 			return
@@ -70,7 +74,7 @@ func Schema(t testing.TB) (*pgxpool.Pool, string) {
 			t.Logf("testenv: drop schema %s: %v", schema, err)
 		}
 	})
-	u := WithSearchPath(DatabaseURL(), schema)
+	u := WithSearchPath(dbURL, schema)
 	pool, err := pgxpool.New(ctx, u)
 	if err != nil {
 		t.Fatalf("testenv: pool: %v", err)

@@ -68,10 +68,16 @@ type env struct {
 // shared ones.
 func newEnv(t *testing.T, redisURL, amqpURL string) *env {
 	t.Helper()
+	return newEnvOn(t, redisURL, amqpURL, testenv.DatabaseURL())
+}
+
+// newEnvOn is newEnv with the schema on the Postgres server at databaseURL.
+func newEnvOn(t *testing.T, redisURL, amqpURL, databaseURL string) *env {
+	t.Helper()
 	if amqpURL == "" {
 		amqpURL = testenv.AMQPURL()
 	}
-	pool, dbURL := testenv.Schema(t)
+	pool, dbURL := testenv.SchemaOn(t, databaseURL)
 	e := &env{t: t, pool: pool, amqpURL: amqpURL, queue: testenv.Queue(t, amqpURL), dir: t.TempDir()}
 	e.appName = "idem_" + testenv.Name(t)
 	dbURL = withParam(dbURL, "application_name", e.appName)
@@ -277,4 +283,17 @@ func withParam(rawURL, k, v string) string {
 	q.Set(k, v)
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// waitLog waits until some consumer's log contains text.
+func (e *env) waitLog(text string) {
+	e.t.Helper()
+	require.Eventually(e.t, func() bool {
+		for _, p := range e.procs {
+			if b, _ := os.ReadFile(p.LogPath); strings.Contains(string(b), text) {
+				return true
+			}
+		}
+		return false
+	}, 60*time.Second, 20*time.Millisecond, "no consumer logged %q", text)
 }

@@ -1,0 +1,61 @@
+package consumer
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+)
+
+func TestBackoffDoublesWithJitterUpToMax(t *testing.T) {
+	b := Backoff{Min: 100 * time.Millisecond, Max: time.Second}
+	for n, ceil := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 50: time.Second} {
+		for range 100 {
+			d := b.Delay(n)
+			require.GreaterOrEqual(t, d, ceil/2, "attempt %d", n)
+			require.LessOrEqual(t, d, ceil, "attempt %d", n)
+		}
+	}
+}
+
+func TestDeliveryCountReadsQuorumHeader(t *testing.T) {
+	require.Equal(t, 0, deliveryCount(amqp.Delivery{}))
+	require.Equal(t, 1, deliveryCount(amqp.Delivery{Redelivered: true}))
+	require.Equal(t, 3, deliveryCount(amqp.Delivery{Headers: amqp.Table{"x-delivery-count": int64(3)}, Redelivered: true}))
+	require.Equal(t, 2, deliveryCount(amqp.Delivery{Headers: amqp.Table{"x-delivery-count": int32(2)}}))
+}
+
+func TestRejectCarriesReasonThroughWrapping(t *testing.T) {
+	err := errors.Join(errors.New("context"), Reject("invalid_field", errors.New("amount: negative")))
+	reason, ok := rejectReason(err)
+	require.True(t, ok)
+	require.Equal(t, "invalid_field", reason)
+	_, ok = rejectReason(errors.New("plain"))
+	require.False(t, ok)
+}
+
+func TestConfigValidationNamesTheField(t *testing.T) {
+	cases := map[string]Config{
+		"URL":                 {Queue: "q"},
+		"Queue":               {URL: "amqp://"},
+		"Workers":             {URL: "amqp://", Queue: "q", Workers: -1},
+		"BrokerDeliveryLimit": {URL: "amqp://", Queue: "q", DeliveryLimit: 9, BrokerDeliveryLimit: 3},
+		"RetryBackoff":        {URL: "amqp://", Queue: "q", RetryBackoff: Backoff{Min: time.Second, Max: time.Millisecond}},
+		"Retention":           {URL: "amqp://", Queue: "q", Retention: -time.Second},
+	}
+	for field, cfg := range cases {
+		cfg.setDefaults()
+		require.ErrorContains(t, cfg.validate(), field)
+	}
+	ok := Config{URL: "amqp://", Queue: "q"}
+	ok.setDefaults()
+	require.NoError(t, ok.validate())
+}
+
+func TestTopologyNamesFollowTheQueue(t *testing.T) {
+	top := TopologyFor("payments.events", 20)
+	require.Equal(t, "payments.events.dlx", top.DeadLetterExchange)
+	require.Equal(t, "payments.events.dlq", top.DeadLetterQueue)
+}

@@ -1,0 +1,95 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+// TestVerifyCatchesDoublesAndLosses makes sure the check every other test
+// leans on can fail: a doubled ledger row and a lost one must each turn
+// `idem verify` red.
+func TestVerifyCatchesDoublesAndLosses(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", "")
+	m := e.publish(50, 0.2)
+	e.consume("c0")
+	e.waitApplied(m)
+	e.stopAll()
+	manifest := filepath.Join(e.dir, "manifest-0.json")
+	out, err := e.idem("verify", "--manifest", manifest)
+	require.NoError(t, err, out)
+
+	ctx := context.Background()
+	_, err = e.pool.Exec(ctx, `INSERT INTO payments_ledger (event_id, user_id, amount)
+		SELECT event_id, user_id, amount FROM payments_ledger ORDER BY id LIMIT 1`)
+	require.NoError(t, err)
+	out, err = e.idem("verify", "--manifest", manifest)
+	require.Equal(t, 1, exitCode(err), out)
+	require.Regexp(t, `doubled\s+1`, out)
+	require.Contains(t, out, "FAIL")
+
+	// Remove the double (the newest row), then one genuine row.
+	for range 2 {
+		_, err = e.pool.Exec(ctx, `DELETE FROM payments_ledger WHERE id = (SELECT max(id) FROM payments_ledger)`)
+		require.NoError(t, err)
+	}
+	out, err = e.idem("verify", "--manifest", manifest)
+	require.Equal(t, 1, exitCode(err), out)
+	require.Regexp(t, `missing\s+1`, out)
+
+	_, err = e.pool.Exec(ctx, `UPDATE account_balances SET balance = balance + 1
+		WHERE user_id = (SELECT min(user_id) FROM account_balances)`)
+	require.NoError(t, err)
+	out, err = e.idem("verify", "--manifest", manifest)
+	require.Equal(t, 1, exitCode(err), out)
+	require.Regexp(t, `balance mismatches\s+1`, out)
+}
+
+func TestCommandLineContract(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", "")
+	cases := []struct {
+		args     []string
+		env      []string
+		code     int
+		contains string
+	}{
+		{[]string{"--help"}, nil, 0, "Commands:"},
+		{nil, nil, 2, "Usage: idem <command>"},
+		{[]string{"frobnicate"}, nil, 2, `unknown command "frobnicate"`},
+		{[]string{"consume", "-h"}, nil, 0, "Usage: idem consume"},
+		{[]string{"publish", "--count", "x"}, nil, 2, "invalid value"},
+		{[]string{"verify"}, nil, 2, "--manifest is required"},
+		{[]string{"verify", "--manifest", "/nonexistent"}, nil, 1, "no such file"},
+		{[]string{"consume"}, []string{"IDEM_REDIS_DONE_TTL=2000h"}, 1, "redis.done_ttl"},
+		{[]string{"consume"}, []string{"IDEM_CONSUMER_WORKERS=lots"}, 1, "consumer.workers"},
+		{[]string{"consume"}, []string{"IDEM_CRASH_AT=nowhere"}, 1, "not a crash point"},
+		{[]string{"consume", "--config", "/nonexistent.yaml"}, nil, 1, "no such file"},
+		{[]string{"migrate"}, nil, 0, "up to date"},
+		{[]string{"config"}, nil, 0, "IDEM_REDIS_DONE_TTL"},
+	}
+	for _, c := range cases {
+		saved := e.vars
+		e.vars = append(append([]string{}, e.vars...), c.env...)
+		out, err := e.idem(c.args...)
+		e.vars = saved
+		require.Equal(t, c.code, exitCode(err), "idem %v: %s", c.args, out)
+		require.Contains(t, out, c.contains, "idem %v", c.args)
+	}
+}
