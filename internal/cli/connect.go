@@ -15,6 +15,16 @@ import (
 	"github.com/idemhq/idem/pkg/consumer"
 )
 
+// loadDB reads the config and opens the database pool; close the pool when done.
+func (e *env) loadDB(ctx context.Context, path string) (config.Config, *slog.Logger, *pgxpool.Pool, error) {
+	cfg, log, err := e.loadConfig(path)
+	if err != nil {
+		return cfg, nil, nil, err
+	}
+	pool, err := openPool(ctx, cfg)
+	return cfg, log, pool, err
+}
+
 func openPool(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {

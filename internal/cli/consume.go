@@ -19,7 +19,7 @@ import (
 )
 
 func runConsume(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "consume", "Consumes the queue until SIGTERM or SIGINT, then drains: in-flight events\nfinish and are acked, the rest return to the queue. Run any number of these\nprocesses on one queue. Applies pending migrations at start.")
+	fs := newFlags(e, "consume", "Consumes the queue until SIGTERM or SIGINT, then drains: in-flight and\nprefetched events finish and are acked. Run any number of these\nprocesses on one queue. Applies pending migrations at start.")
 	path := fs.String("config", "", "YAML config `file`")
 	host, _ := os.Hostname()
 	name := fs.String("name", fmt.Sprintf("idem-consume-%s-%d", host, os.Getpid()), "client-provided RabbitMQ connection `name`")
@@ -28,21 +28,16 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	cfg, log, err := e.loadConfig(*path)
+	cfg, log, pool, err := e.loadDB(ctx, *path)
 	if err != nil {
 		return err
 	}
+	defer pool.Close()
 	crash, err := crashpoint.Hook(e.getenv)
 	if err != nil {
 		return err
 	}
 	log = log.With("consumer", *name)
-
-	pool, err := openPool(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
 	if !*noMigrate {
 		if err := migrateWithRetry(ctx, pool, log); err != nil {
 			return nil // only ctx ends the retries: a signal during start

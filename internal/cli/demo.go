@@ -32,7 +32,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	if *consumers < 1 {
 		return fmt.Errorf("demo: --consumers must be at least 1, got %d", *consumers)
 	}
-	cfg, log, err := e.loadConfig(*path)
+	cfg, log, pool, err := e.loadDB(ctx, *path)
 	if err != nil {
 		return err
 	}
@@ -42,10 +42,6 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 		}
 	}
 	bin, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	pool, err := openPool(ctx, cfg)
 	if err != nil {
 		return err
 	}

@@ -14,11 +14,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	cfg, _, err := e.loadConfig(*path)
-	if err != nil {
-		return err
-	}
-	pool, err := openPool(ctx, cfg)
+	_, _, pool, err := e.loadDB(ctx, *path)
 	if err != nil {
 		return err
 	}

@@ -17,11 +17,7 @@ func runPrune(ctx context.Context, e *env, args []string) error {
 	if *batch < 1 {
 		return fmt.Errorf("prune: --batch must be at least 1, got %d", *batch)
 	}
-	cfg, _, err := e.loadConfig(*path)
-	if err != nil {
-		return err
-	}
-	pool, err := openPool(ctx, cfg)
+	cfg, _, pool, err := e.loadDB(ctx, *path)
 	if err != nil {
 		return err
 	}

@@ -29,11 +29,7 @@ func runVerify(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, _, err := e.loadConfig(*path)
-	if err != nil {
-		return err
-	}
-	pool, err := openPool(ctx, cfg)
+	_, _, pool, err := e.loadDB(ctx, *path)
 	if err != nil {
 		return err
 	}

@@ -231,11 +231,7 @@ func (e *env) requireExactlyOnce(ms ...loadgen.Manifest) {
 // publishRaw sends bodies as they are, persistent, to the test's queue.
 func (e *env) publishRaw(msgs ...amqp.Publishing) {
 	e.t.Helper()
-	conn, err := amqp.Dial(e.amqpURL)
-	require.NoError(e.t, err)
-	defer conn.Close()
-	ch, err := conn.Channel()
-	require.NoError(e.t, err)
+	ch := e.channel()
 	require.NoError(e.t, consumer.TopologyFor(e.queue, consumer.DefaultBrokerDeliveryLimit).Declare(ch))
 	require.NoError(e.t, ch.Confirm(false))
 	for _, m := range msgs {
@@ -253,11 +249,7 @@ func (e *env) publishRaw(msgs ...amqp.Publishing) {
 // and returns them.
 func (e *env) deadLetters(n int) []amqp.Delivery {
 	e.t.Helper()
-	conn, err := amqp.Dial(e.amqpURL)
-	require.NoError(e.t, err)
-	defer conn.Close()
-	ch, err := conn.Channel()
-	require.NoError(e.t, err)
+	ch := e.channel()
 	var out []amqp.Delivery
 	deadline := time.Now().Add(60 * time.Second)
 	for len(out) < n && time.Now().Before(deadline) {
@@ -296,4 +288,15 @@ func (e *env) waitLog(text string) {
 		}
 		return false
 	}, 60*time.Second, 20*time.Millisecond, "no consumer logged %q", text)
+}
+
+// channel opens an AMQP channel on the test's vhost, closed at the end.
+func (e *env) channel() *amqp.Channel {
+	e.t.Helper()
+	conn, err := amqp.Dial(e.amqpURL)
+	require.NoError(e.t, err)
+	e.t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	require.NoError(e.t, err)
+	return ch
 }
