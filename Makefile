@@ -2,7 +2,7 @@
 GO ?= go
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: demo test services build lint fire clean
+.PHONY: demo test services build lint fire bench clean
 
 ## demo: start the local services, then run a fleet of consumers on a stream with duplicates and verify it
 demo: services build
@@ -26,6 +26,11 @@ lint:
 ## fire: the fleet-under-fire test on a bigger stream (IDEM_FIRE_EVENTS, IDEM_FIRE_SEED)
 fire: services
 	IDEM_FIRE_EVENTS=$${IDEM_FIRE_EVENTS:-100000} $(GO) test -count=1 -timeout 30m -run TestFleetUnderFire -v ./test/e2e/
+
+## bench: one event through the guard, two tiers against the Postgres-only baseline (median of 6 runs)
+bench: services
+	$(GO) test -run '^$$' -bench Process -count 6 -benchtime 2000x ./pkg/guard/ | tee /tmp/idem-bench.txt
+	$(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da /tmp/idem-bench.txt
 
 clean:
 	rm -rf bin
