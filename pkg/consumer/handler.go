@@ -29,6 +29,9 @@ const (
 	ReasonPayloadConflict = "payload_conflict"
 	ReasonHandlerFailed   = "handler_failed"
 	ReasonBeyondRetention = "beyond_retention"
+	// ReasonInvalidEvent: Decode returned an event the guard cannot take
+	// (a bad ID or an empty hash); a bug in the handler's Decode.
+	ReasonInvalidEvent = "invalid_event"
 	// ReasonDeliveryLimit is set by the broker (x-death), not by a consumer:
 	// the message exceeded the queue's x-delivery-limit, for instance
 	// because it crashed every consumer that took it.

@@ -62,6 +62,9 @@ func (w *worker[T]) handle(ctx context.Context, d amqp.Delivery) {
 		case errors.Is(err, guard.ErrPayloadConflict):
 			w.deadLetter(ctx, d, ReasonPayloadConflict, err)
 			return
+		case errors.Is(err, guard.ErrInvalidID), errors.Is(err, guard.ErrInvalidEvent):
+			w.deadLetter(ctx, d, ReasonInvalidEvent, err)
+			return
 		case ctx.Err() != nil:
 			// Drain timeout: the tx was rolled back; the broker redelivers.
 			w.requeue(d, "shutdown")

@@ -12,6 +12,8 @@ var (
 	// ErrInvalidID means an event ID is empty, too long or has bytes outside
 	// the allowed charset.
 	ErrInvalidID = errors.New("invalid event id")
+	// ErrInvalidEvent means an Event lacks its payload hash.
+	ErrInvalidEvent = errors.New("invalid event")
 )
 
 // StoreError is a failure of the authoritative tier itself (begin, claim or

@@ -68,7 +68,7 @@ func (e Event) validate() error {
 		return err
 	}
 	if len(e.Hash) == 0 {
-		return fmt.Errorf("event %s: empty payload hash", e.ID)
+		return fmt.Errorf("%w: %s has an empty payload hash", ErrInvalidEvent, e.ID)
 	}
 	return nil
 }

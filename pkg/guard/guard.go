@@ -114,8 +114,8 @@ func (g *Guard) Process(ctx context.Context, ev Event, apply ApplyFunc) (Outcome
 
 	outcome, err := g.processInStore(ctx, events, apply)
 	switch {
-	case err == nil && outcome != OutcomePayloadConflict:
-		// The row is committed (by us or before us): done is now true.
+	case err == nil:
+		// The row is committed, by us or before us: done is now true.
 		if g.fast != nil {
 			if err := g.fast.MarkDone(ctx, g.scope, events); err != nil {
 				g.log.DebugContext(ctx, "mark done", "event_id", ev.ID, "err", err)
