@@ -48,6 +48,8 @@ func Start(s Spec) (*Proc, error) {
 	p.cmd = exec.Command(s.Bin, args...)
 	p.cmd.Env = append(os.Environ(), s.Env...)
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	// A consumer must not outlive the test or demo that started it.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		logf.Close()
 		return nil, fmt.Errorf("start %s: %w", s.Name, err)

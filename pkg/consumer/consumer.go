@@ -37,7 +37,8 @@ func New[T any](cfg Config, g *guard.Guard, h Handler[T]) (*Consumer[T], error) 
 func (c *Consumer[T]) Topology() Topology { return c.topology }
 
 // Run consumes until ctx ends, reconnecting with backoff whenever the
-// connection or a channel is lost. When ctx ends it stops taking deliveries,
+// connection or a channel is lost. It returns an error at once if the queue
+// exists with arguments other than the Config asks for. When ctx ends it stops taking deliveries,
 // lets in-flight work finish (up to DrainTimeout), acks what committed and
 // closes. It returns nil after a clean drain.
 func (c *Consumer[T]) Run(ctx context.Context) error {
@@ -47,6 +48,11 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		err := c.session(ctx)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if isPreconditionFailed(err) {
+			// The queue exists with other arguments: retrying cannot help,
+			// and a fleet member spinning on it would hide the mistake.
+			return err
 		}
 		if time.Since(started) > c.cfg.ReconnectBackoff.Max {
 			attempt = 1 // the session was healthy for a while: start over
@@ -165,4 +171,11 @@ func amqpErr(e *amqp.Error) error {
 		return amqp.ErrClosed
 	}
 	return e
+}
+
+// isPreconditionFailed reports a 406 from the broker: a declaration that
+// contradicts what exists.
+func isPreconditionFailed(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed
 }

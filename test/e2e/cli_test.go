@@ -64,6 +64,7 @@ func TestVerifyCatchesDoublesAndLosses(t *testing.T) {
 func TestCommandLineContract(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "", "")
+	e.publishRaw() // declares the queue with the default x-delivery-limit
 	cases := []struct {
 		args     []string
 		env      []string
@@ -82,6 +83,7 @@ func TestCommandLineContract(t *testing.T) {
 		{[]string{"consume"}, []string{"IDEM_CRASH_AT=nowhere"}, 1, "not a crash point"},
 		{[]string{"consume", "--config", "/nonexistent.yaml"}, nil, 1, "no such file"},
 		{[]string{"migrate"}, nil, 0, "up to date"},
+		{[]string{"consume"}, []string{"IDEM_CONSUMER_BROKER_DELIVERY_LIMIT=7"}, 1, "PRECONDITION_FAILED"},
 		{[]string{"config"}, nil, 0, "IDEM_REDIS_DONE_TTL"},
 	}
 	for _, c := range cases {

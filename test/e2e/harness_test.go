@@ -56,11 +56,14 @@ type env struct {
 	pool    *pgxpool.Pool
 	amqpURL string
 	appName string // application_name of the consumers' Postgres sessions
-	queue   string
-	dir     string
-	vars    []string
-	procs   []*fleet.Proc
-	nextID  int
+	// brokerLimit is the queue's x-delivery-limit; publishRaw declares the
+	// queue with it, so it must match IDEM_CONSUMER_BROKER_DELIVERY_LIMIT.
+	brokerLimit int
+	queue       string
+	dir         string
+	vars        []string
+	procs       []*fleet.Proc
+	nextID      int
 }
 
 // newEnv gives the test its own schema, queue and Redis key prefix. redisURL
@@ -78,7 +81,8 @@ func newEnvOn(t *testing.T, redisURL, amqpURL, databaseURL string) *env {
 		amqpURL = testenv.AMQPURL()
 	}
 	pool, dbURL := testenv.SchemaOn(t, databaseURL)
-	e := &env{t: t, pool: pool, amqpURL: amqpURL, queue: testenv.Queue(t, amqpURL), dir: t.TempDir()}
+	e := &env{t: t, pool: pool, amqpURL: amqpURL, queue: testenv.Queue(t, amqpURL), dir: t.TempDir(),
+		brokerLimit: consumer.DefaultBrokerDeliveryLimit}
 	e.appName = "idem_" + testenv.Name(t)
 	dbURL = withParam(dbURL, "application_name", e.appName)
 	prefix := testenv.Name(t)
@@ -232,7 +236,7 @@ func (e *env) requireExactlyOnce(ms ...loadgen.Manifest) {
 func (e *env) publishRaw(msgs ...amqp.Publishing) {
 	e.t.Helper()
 	ch := e.channel()
-	require.NoError(e.t, consumer.TopologyFor(e.queue, consumer.DefaultBrokerDeliveryLimit).Declare(ch))
+	require.NoError(e.t, consumer.TopologyFor(e.queue, e.brokerLimit).Declare(ch))
 	require.NoError(e.t, ch.Confirm(false))
 	for _, m := range msgs {
 		m.DeliveryMode = amqp.Persistent
