@@ -87,8 +87,7 @@ func newEnvOn(t *testing.T, redisURL, amqpURL, databaseURL string) *env {
 	dbURL = withParam(dbURL, "application_name", e.appName)
 	prefix := testenv.Name(t)
 	if redisURL == "" {
-		rdb, p := testenv.Redis(t) // cleans up the prefix's keys
-		rdb.Close()
+		_, p := testenv.Redis(t) // deletes the prefix's keys at the end
 		redisURL, prefix = testenv.RedisURL(), p
 	}
 	e.vars = []string{
