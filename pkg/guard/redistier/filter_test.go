@@ -126,22 +126,6 @@ func TestErrorsSkipAndOpenTheBreaker(t *testing.T) {
 	require.Equal(t, before, m.CommandCount())
 }
 
-func TestBreakerProbesAndClosesAfterOpenTimeout(t *testing.T) {
-	m, rdb := miniClient(t)
-	f := newFilter(t, rdb, redistier.Config{Breaker: redistier.BreakerConfig{
-		FailureThreshold: 1,
-		OpenTimeout:      20 * time.Millisecond,
-	}})
-	m.SetError("ERR down")
-	require.Equal(t, guard.FastSkipped, claim(f, context.Background()).State)
-	require.Equal(t, "open", f.BreakerState())
-	m.SetError("")
-	// gobreaker reads the wall clock; poll until its open timeout passed.
-	require.Eventually(t, func() bool { return f.BreakerState() == "half-open" }, 5*time.Second, 5*time.Millisecond)
-	require.Equal(t, guard.FastAcquired, claim(f, context.Background()).State)
-	require.Equal(t, "closed", f.BreakerState())
-}
-
 // blackhole accepts connections and never answers: a hung Redis.
 func blackhole(t *testing.T) string {
 	t.Helper()

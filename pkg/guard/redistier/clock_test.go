@@ -1,0 +1,58 @@
+package redistier_test
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/pkg/guard/redistier"
+)
+
+// TestBreakerTransitionsOnAFakeClock walks the breaker through
+// closed → open → half-open → open → half-open → closed. gobreaker reads
+// time.Now, so the test runs in a synctest bubble, whose clock only moves
+// when the test sleeps: the 30 s open timeout passes instantly and exactly.
+func TestBreakerTransitionsOnAFakeClock(t *testing.T) {
+	m := miniredis.RunT(t) // outside the bubble: its goroutines are real
+	synctest.Test(t, func(t *testing.T) {
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 1})
+		defer rdb.Close()
+		var transitions []string
+		f, err := redistier.New(rdb, redistier.Config{Breaker: redistier.BreakerConfig{
+			FailureThreshold: 2,
+			OpenTimeout:      30 * time.Second,
+			OnStateChange:    func(from, to string) { transitions = append(transitions, from+"->"+to) },
+		}})
+		require.NoError(t, err)
+		ctx := context.Background()
+
+		m.SetError("ERR injected")
+		claim(f, ctx)
+		require.Equal(t, "closed", f.BreakerState(), "one failure is below the threshold")
+		claim(f, ctx)
+		require.Equal(t, "open", f.BreakerState())
+
+		time.Sleep(30 * time.Second)
+		require.Equal(t, "open", f.BreakerState(), "still open at the timeout itself")
+		time.Sleep(time.Millisecond)
+		require.Equal(t, "half-open", f.BreakerState())
+
+		// A failed probe opens it again for a full timeout.
+		require.Equal(t, guard.FastSkipped, claim(f, ctx).State)
+		require.Equal(t, "open", f.BreakerState())
+		time.Sleep(30*time.Second + time.Millisecond)
+		require.Equal(t, "half-open", f.BreakerState())
+
+		// A good probe closes it.
+		m.SetError("")
+		require.Equal(t, guard.FastAcquired, claim(f, ctx).State)
+		require.Equal(t, "closed", f.BreakerState())
+		require.Equal(t, []string{"closed->open", "open->half-open", "half-open->open", "open->half-open", "half-open->closed"}, transitions)
+	})
+}
