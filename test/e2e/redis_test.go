@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,4 +84,40 @@ func TestRedisFlushedRepeatedly(t *testing.T) {
 	e.waitApplied(m)
 	e.stopAll()
 	e.requireExactlyOnce(m)
+}
+
+// TestRedisEvictingUnderMemoryPressure runs the stream on a full Redis with
+// an evicting policy, so leases and done markers vanish at random while
+// consumers rely on them.
+func TestRedisEvictingUnderMemoryPressure(t *testing.T) {
+	t.Parallel()
+	rs := testenv.StartRedis(t)
+	rdb := rs.Client()
+	defer rdb.Close()
+	ctx := context.Background()
+	// Fill Redis, then cap it at what it uses now: from here on every
+	// write evicts random keys, ours among them.
+	pipe := rdb.Pipeline()
+	for i := range 30000 {
+		pipe.Set(ctx, fmt.Sprintf("filler:%d", i), strings.Repeat("x", 64), 0)
+	}
+	_, err := pipe.Exec(ctx)
+	require.NoError(t, err)
+	info, err := rdb.InfoMap(ctx, "memory").Result()
+	require.NoError(t, err)
+	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory-policy", "allkeys-random").Err())
+	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory", info["Memory"]["used_memory"]).Err())
+
+	e := newEnv(t, rs.URL(), "")
+	e.consume("c0")
+	e.consume("c1")
+	m := e.publish(3000, 0.5)
+	e.waitApplied(m)
+	e.stopAll()
+	e.requireExactlyOnce(m)
+	stats, err := rdb.InfoMap(ctx, "stats").Result()
+	require.NoError(t, err)
+	evicted, _ := strconv.Atoi(stats["Stats"]["evicted_keys"])
+	require.Positive(t, evicted, "the memory limit must actually have evicted keys")
+	t.Logf("redis evicted %d keys", evicted)
 }
