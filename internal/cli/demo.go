@@ -37,9 +37,12 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if *dir == "" {
-		if *dir, err = os.MkdirTemp("", "idem-demo-"); err != nil {
-			return err
-		}
+		*dir, err = os.MkdirTemp("", "idem-demo-")
+	} else {
+		err = os.MkdirAll(*dir, 0o755)
+	}
+	if err != nil {
+		return fmt.Errorf("demo: --dir: %w", err)
 	}
 	bin, err := os.Executable()
 	if err != nil {
