@@ -49,7 +49,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if isPreconditionFailed(err) {
+		if isBadTopology(err) {
 			// The queue exists with other arguments: retrying cannot help,
 			// and a fleet member spinning on it would hide the mistake.
 			return err
@@ -86,7 +86,7 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		return fmt.Errorf("enable publisher confirms: %w", err)
 	}
 	if err := c.topology.Declare(pub); err != nil {
-		return err
+		return &declareError{err}
 	}
 
 	ch, err := conn.Channel()
@@ -173,9 +173,17 @@ func amqpErr(e *amqp.Error) error {
 	return e
 }
 
-// isPreconditionFailed reports a 406 from the broker: a declaration that
-// contradicts what exists.
-func isPreconditionFailed(err error) bool {
+// declareError marks a failure to declare the topology.
+type declareError struct{ err error }
+
+func (e *declareError) Error() string { return e.err.Error() }
+func (e *declareError) Unwrap() error { return e.err }
+
+// isBadTopology reports a declaration the broker refused with 406 because it
+// contradicts what exists. Other 406s (an ack timeout on a delivery held
+// while Postgres was down, say) end only the session.
+func isBadTopology(err error) bool {
+	var de *declareError
 	var ae *amqp.Error
-	return errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed
+	return errors.As(err, &de) && errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed
 }

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -58,4 +59,12 @@ func TestTopologyNamesFollowTheQueue(t *testing.T) {
 	top := TopologyFor("payments.events", 20)
 	require.Equal(t, "payments.events.dlx", top.DeadLetterExchange)
 	require.Equal(t, "payments.events.dlq", top.DeadLetterQueue)
+}
+
+func TestOnlyARefusedDeclarationIsFatal(t *testing.T) {
+	refused := &amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED - inequivalent arg 'x-delivery-limit'"}
+	require.True(t, isBadTopology(&declareError{fmt.Errorf("declare queue: %w", refused)}))
+	ackTimeout := &amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED - delivery acknowledgement on channel 1 timed out"}
+	require.False(t, isBadTopology(fmt.Errorf("consume channel closed: %w", ackTimeout)))
+	require.False(t, isBadTopology(&declareError{errors.New("dial tcp: connection refused")}))
 }
