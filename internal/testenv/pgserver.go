@@ -36,7 +36,7 @@ func StartPostgres(t testing.TB) *PostgresServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &PostgresServer{t: t, Port: freePort(t), dir: dir, bin: bin}
+	s := &PostgresServer{t: t, Port: FreePort(t), dir: dir, bin: bin}
 	t.Cleanup(func() {
 		_ = s.ctl("stop", "-m", "immediate")
 		os.RemoveAll(dir)

@@ -30,7 +30,7 @@ func StartRedis(t testing.TB) *RedisServer {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Skip("redis-server not installed")
 	}
-	s := &RedisServer{t: t, Port: freePort(t), dir: t.TempDir()}
+	s := &RedisServer{t: t, Port: FreePort(t), dir: t.TempDir()}
 	s.Start()
 	t.Cleanup(s.Kill)
 	return s
@@ -82,7 +82,8 @@ func (s *RedisServer) Client() *redis.Client {
 	return redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", s.Port), ContextTimeoutEnabled: true})
 }
 
-func freePort(t testing.TB) int {
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

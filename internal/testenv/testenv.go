@@ -74,7 +74,7 @@ func SchemaOn(t testing.TB, dbURL string) (*pgxpool.Pool, string) {
 			t.Logf("testenv: drop schema %s: %v", schema, err)
 		}
 	})
-	u := WithSearchPath(dbURL, schema)
+	u := WithParam(dbURL, "search_path", schema)
 	pool, err := pgxpool.New(ctx, u)
 	if err != nil {
 		t.Fatalf("testenv: pool: %v", err)
@@ -86,14 +86,15 @@ func SchemaOn(t testing.TB, dbURL string) (*pgxpool.Pool, string) {
 	return pool, u
 }
 
-// WithSearchPath returns dbURL with search_path set to schema.
-func WithSearchPath(dbURL, schema string) string {
-	u, err := url.Parse(dbURL)
+// WithParam returns rawURL with query parameter k set to v, e.g. a
+// DATABASE_URL's search_path or application_name.
+func WithParam(rawURL, k, v string) string {
+	u, err := url.Parse(rawURL)
 	if err != nil {
-		return dbURL
+		return rawURL
 	}
 	q := u.Query()
-	q.Set("search_path", schema)
+	q.Set(k, v)
 	u.RawQuery = q.Encode()
 	return u.String()
 }

@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -84,7 +83,7 @@ func newEnvOn(t *testing.T, redisURL, amqpURL, databaseURL string) *env {
 	e := &env{t: t, pool: pool, amqpURL: amqpURL, queue: testenv.Queue(t, amqpURL), dir: t.TempDir(),
 		brokerLimit: consumer.DefaultBrokerDeliveryLimit}
 	e.appName = "idem_" + testenv.Name(t)
-	dbURL = withParam(dbURL, "application_name", e.appName)
+	dbURL = testenv.WithParam(dbURL, "application_name", e.appName)
 	prefix := testenv.Name(t)
 	if redisURL == "" {
 		_, p := testenv.Redis(t) // deletes the prefix's keys at the end
@@ -267,17 +266,6 @@ func (e *env) deadLetters(n int) []amqp.Delivery {
 	}
 	require.Len(e.t, out, n, "dead letters")
 	return out
-}
-
-func withParam(rawURL, k, v string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return rawURL
-	}
-	q := u.Query()
-	q.Set(k, v)
-	u.RawQuery = q.Encode()
-	return u.String()
 }
 
 // waitLog waits until some consumer's log contains text.

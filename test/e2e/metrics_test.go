@@ -1,14 +1,16 @@
 package e2e
 
 import (
+	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/testenv"
 )
 
 // TestMetricsEndpointCountsOutcomes scrapes a consumer's /metrics while it
@@ -16,10 +18,7 @@ import (
 func TestMetricsEndpointCountsOutcomes(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "", "")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	l.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	e.consume("c0", "IDEM_METRICS_ADDR="+addr)
 	m := e.publish(100, 0.5)
 	e.waitApplied(m)
