@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"sort"
-	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -53,7 +52,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 
-	run := strconv.FormatUint(*seed%1_000_000_000, 36)
+	run := loadgen.RunID(*seed)
 	fmt.Fprintf(e.stdout, "run %s: %d consumers, %d events + %.0f%% duplicates, logs in %s\n", run, *consumers, *count, *dup*100, *dir)
 	var procs []*fleet.Proc
 	defer func() {

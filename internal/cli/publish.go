@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/idemhq/idem/internal/loadgen"
@@ -31,7 +30,7 @@ func runPublish(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if *run == "" {
-		*run = strconv.FormatUint(*seed%1_000_000_000, 36)
+		*run = loadgen.RunID(*seed)
 	}
 	spec := loadgen.StreamSpec{RunID: *run, Count: *count, Users: *users, DupRatio: *dup, DelayWindow: *window, Seed: *seed}
 	s, err := loadgen.Build(spec)

@@ -6,9 +6,13 @@ package loadgen
 import (
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 
 	"github.com/idemhq/idem/internal/payments"
 )
+
+// RunID derives a short run id from a seed, for event and user ids.
+func RunID(seed uint64) string { return strconv.FormatUint(seed%1_000_000_000, 36) }
 
 // StreamSpec describes a stream. The same spec and seed give the same stream.
 type StreamSpec struct {
