@@ -55,9 +55,9 @@ func (c *BreakerConfig) validate() error {
 // It says nothing about Redis, so the breaker neither counts it nor trips on it.
 var errCallerGone = errors.New("caller context done")
 
-func newBreaker(c BreakerConfig) *gobreaker.CircuitBreaker[any] {
+func newBreaker(c BreakerConfig) *gobreaker.CircuitBreaker[struct{}] {
 	threshold := c.FailureThreshold
-	return gobreaker.NewCircuitBreaker[any](gobreaker.Settings{
+	return gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        "redis",
 		MaxRequests: c.HalfOpenRequests,
 		Timeout:     c.OpenTimeout,
@@ -75,16 +75,17 @@ func newBreaker(c BreakerConfig) *gobreaker.CircuitBreaker[any] {
 
 // call runs fn through the breaker with the per-call deadline. An open
 // breaker returns at once with gobreaker.ErrOpenState.
-func (f *Filter) call(ctx context.Context, fn func(ctx context.Context) error) (any, error) {
-	return f.breaker.Execute(func() (any, error) {
+func (f *Filter) call(ctx context.Context, fn func(ctx context.Context) error) error {
+	_, err := f.breaker.Execute(func() (struct{}, error) {
 		cctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
 		defer cancel()
 		err := fn(cctx)
 		if err != nil && callerGone(ctx) {
-			return nil, fmt.Errorf("%w: %w", errCallerGone, err)
+			return struct{}{}, fmt.Errorf("%w: %w", errCallerGone, err)
 		}
-		return nil, err
+		return struct{}{}, err
 	})
+	return err
 }
 
 // callerGone reports whether ctx ended. A network deadline derived from ctx

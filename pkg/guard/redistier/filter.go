@@ -81,7 +81,7 @@ func (c *Config) validate() error {
 type Filter struct {
 	rdb     redis.UniversalClient
 	cfg     Config
-	breaker *gobreaker.CircuitBreaker[any]
+	breaker *gobreaker.CircuitBreaker[struct{}]
 }
 
 var _ guard.FastPath = (*Filter)(nil)
@@ -120,7 +120,7 @@ func (f *Filter) Claim(ctx context.Context, scope string, events []guard.Event) 
 	for i := range events {
 		tokens[i] = newToken()
 	}
-	_, err := f.call(ctx, func(ctx context.Context) error {
+	err := f.call(ctx, func(ctx context.Context) error {
 		cmds := make([]*redis.Cmd, len(events))
 		_, err := f.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, ev := range events {
@@ -168,7 +168,7 @@ func parseClaim(cmd *redis.Cmd, token string) guard.FastResult {
 // MarkDone runs SET key done:<hash> PX <doneTTL> for every event in one
 // pipeline. Call it only after the events committed in Postgres.
 func (f *Filter) MarkDone(ctx context.Context, scope string, events []guard.Event) error {
-	_, err := f.call(ctx, func(ctx context.Context) error {
+	err := f.call(ctx, func(ctx context.Context) error {
 		_, err := f.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, ev := range events {
 				p.Set(ctx, f.Key(scope, ev.ID), donePrefix+hex.EncodeToString(ev.Hash), f.cfg.DoneTTL)
@@ -202,7 +202,7 @@ func (f *Filter) Release(ctx context.Context, scope string, leases []guard.Lease
 		keys[i] = f.Key(scope, l.ID)
 		args[i] = pendingPrefix + l.Token
 	}
-	_, err := f.call(ctx, func(ctx context.Context) error {
+	err := f.call(ctx, func(ctx context.Context) error {
 		return releaseScript.Run(ctx, f.rdb, keys, args...).Err()
 	})
 	if err != nil {
