@@ -48,7 +48,6 @@ func (w *worker[T]) handle(ctx context.Context, d amqp.Delivery) {
 		return
 	}
 	attempt := deliveryCount(d) + 1
-	log := cfg.Logger.With("event_id", ev.ID, "attempt", attempt)
 	apply := func(ctx context.Context, tx pgx.Tx) error { return w.c.handler.Apply(ctx, tx, v) }
 
 	for wait := 1; ; wait++ {
@@ -79,7 +78,7 @@ func (w *worker[T]) handle(ctx context.Context, d amqp.Delivery) {
 			// so hold the delivery and retry in place without spending
 			// its delivery budget. Nothing is acked meanwhile.
 			delay := cfg.RetryBackoff.Delay(wait)
-			log.Warn("store unavailable, retrying in place", "err", err, "delay", delay)
+			cfg.Logger.Warn("store unavailable, retrying in place", "event_id", ev.ID, "attempt", attempt, "err", err, "delay", delay)
 			if !sleep(w.stop, delay) {
 				w.requeue(d, "shutdown")
 				return
@@ -87,12 +86,12 @@ func (w *worker[T]) handle(ctx context.Context, d amqp.Delivery) {
 			continue
 		}
 		if attempt >= cfg.DeliveryLimit {
-			log.Error("handler failed, dead-lettering", "err", err, "delivery_limit", cfg.DeliveryLimit)
+			cfg.Logger.Error("handler failed, dead-lettering", "event_id", ev.ID, "attempt", attempt, "err", err, "delivery_limit", cfg.DeliveryLimit)
 			w.deadLetter(ctx, d, ReasonHandlerFailed, err)
 			return
 		}
 		delay := cfg.RetryBackoff.Delay(attempt)
-		log.Warn("handler failed, will retry", "err", err, "delay", delay)
+		cfg.Logger.Warn("handler failed, will retry", "event_id", ev.ID, "attempt", attempt, "err", err, "delay", delay)
 		sleep(w.stop, delay)
 		w.requeue(d, ReasonHandlerFailed)
 		return
