@@ -35,15 +35,23 @@ func (e *env) publishAsync(count int, dup float64, rate int) <-chan loadgen.Mani
 	return out
 }
 
+// twoConsumersOnOwnRedis starts a test-owned redis-server and two consumers
+// using it.
+func twoConsumersOnOwnRedis(t *testing.T) (*testenv.RedisServer, *env) {
+	t.Helper()
+	rs := testenv.StartRedis(t)
+	e := newEnv(t, rs.URL(), "")
+	e.consume("c0")
+	e.consume("c1")
+	return rs, e
+}
+
 // TestRedisKilledAndFlushedMidStream runs two consumers on a test-owned Redis
 // and kills it, restarts it and flushes it while events flow. The ledger must
 // end exactly as with a healthy Redis; only the cost moves to Postgres.
 func TestRedisKilledAndFlushedMidStream(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	e := newEnv(t, rs.URL(), "")
-	e.consume("c0")
-	e.consume("c1")
+	rs, e := twoConsumersOnOwnRedis(t)
 	published := e.publishAsync(3000, 0.25, 1200)
 
 	e.waitRows(400)
@@ -69,10 +77,7 @@ func TestRedisKilledAndFlushedMidStream(t *testing.T) {
 // every done marker and lease vanishes, as under eviction.
 func TestRedisFlushedRepeatedly(t *testing.T) {
 	t.Parallel()
-	rs := testenv.StartRedis(t)
-	e := newEnv(t, rs.URL(), "")
-	e.consume("c0")
-	e.consume("c1")
+	rs, e := twoConsumersOnOwnRedis(t)
 	published := e.publishAsync(2000, 0.5, 1500)
 	rdb := rs.Client()
 	defer rdb.Close()

@@ -19,15 +19,29 @@ func ev(id, payload string) guard.Event {
 	return guard.Event{ID: id, Hash: guard.HashFields(id, payload)}
 }
 
+// claim claims e in a new transaction and leaves it open for the caller.
+func claim(t *testing.T, s *pgtier.Store, e guard.Event) (pgx.Tx, guard.ClaimResult) {
+	t.Helper()
+	tx, err := s.Begin(context.Background())
+	require.NoError(t, err)
+	res, err := s.Claim(context.Background(), tx, "svc", []guard.Event{e})
+	require.NoError(t, err)
+	return tx, res[0]
+}
+
 func claimCommit(t *testing.T, s *pgtier.Store, e guard.Event) guard.ClaimResult {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := s.Begin(ctx)
-	require.NoError(t, err)
-	res, err := s.Claim(ctx, tx, "svc", []guard.Event{e})
-	require.NoError(t, err)
-	require.NoError(t, tx.Commit(ctx))
-	return res[0]
+	tx, res := claim(t, s, e)
+	require.NoError(t, tx.Commit(context.Background()))
+	return res
+}
+
+// claimOpen claims e, requires the insert, and leaves the transaction open.
+func claimOpen(t *testing.T, s *pgtier.Store, e guard.Event) pgx.Tx {
+	t.Helper()
+	tx, res := claim(t, s, e)
+	require.Equal(t, guard.ClaimInserted, res)
+	return tx
 }
 
 func TestClaimInsertsThenReportsDuplicateOrConflict(t *testing.T) {
@@ -44,13 +58,8 @@ func TestRolledBackClaimLeavesNoTrace(t *testing.T) {
 	t.Parallel()
 	pool, _ := testenv.Schema(t)
 	s := pgtier.New(pool)
-	ctx := context.Background()
-	tx, err := s.Begin(ctx)
-	require.NoError(t, err)
-	res, err := s.Claim(ctx, tx, "svc", []guard.Event{ev("e1", "a")})
-	require.NoError(t, err)
-	require.Equal(t, guard.ClaimInserted, res[0])
-	require.NoError(t, tx.Rollback(ctx))
+	tx := claimOpen(t, s, ev("e1", "a"))
+	require.NoError(t, tx.Rollback(context.Background()))
 	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("e1", "a")))
 }
 
@@ -109,11 +118,7 @@ func TestWaiterTakesOverWhenFirstClaimRollsBack(t *testing.T) {
 	pool, _ := testenv.Schema(t)
 	s := pgtier.New(pool)
 	ctx := context.Background()
-	first, err := s.Begin(ctx)
-	require.NoError(t, err)
-	res, err := s.Claim(ctx, first, "svc", []guard.Event{ev("e", "a")})
-	require.NoError(t, err)
-	require.Equal(t, guard.ClaimInserted, res[0])
+	first := claimOpen(t, s, ev("e", "a"))
 
 	got := make(chan guard.ClaimResult, 1)
 	go func() {
