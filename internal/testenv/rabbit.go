@@ -1,10 +1,10 @@
 package testenv
 
 import (
-	"net/url"
-	"os/exec"
-	"strings"
+	"errors"
 	"testing"
+
+	"github.com/idemhq/idem/internal/sandbox"
 )
 
 // VHost creates a RabbitMQ virtual host of the test's own, so that the test
@@ -13,44 +13,27 @@ import (
 // needs rabbitmqctl on this machine; without it the test is skipped.
 func VHost(t testing.TB) string {
 	t.Helper()
-	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
-		t.Skip("rabbitmqctl not installed")
-	}
 	name := "idem_" + Name(t)
-	ctl(t, "add_vhost", name)
+	u, err := sandbox.AddVHost(AMQPURL(), name)
+	if errors.Is(err, sandbox.ErrNoRabbitmqctl) {
+		t.Skip(err)
+	}
 	t.Cleanup(func() {
-		if out, err := exec.Command("rabbitmqctl", "-q", "delete_vhost", name).CombinedOutput(); err != nil {
-			t.Logf("testenv: delete vhost %s: %v: %s", name, err, out)
+		if err := sandbox.DeleteVHost(name); err != nil {
+			t.Logf("testenv: %v", err)
 		}
 	})
-	u, err := url.Parse(AMQPURL())
 	if err != nil {
-		t.Fatalf("testenv: AMQP_URL: %v", err)
+		t.Fatal(err)
 	}
-	user := "guest"
-	if u.User != nil {
-		user = u.User.Username()
-	}
-	ctl(t, "set_permissions", "-p", name, user, ".*", ".*", ".*")
-	u.Path = "/" + name
-	return u.String()
+	return u
 }
 
-// CloseConnections closes every client connection in vhost, as a broker
-// restart or a network cut would.
+// CloseConnections closes every client connection in the vhost of amqpURL,
+// as a broker restart or a network cut would.
 func CloseConnections(t testing.TB, amqpURL string) {
 	t.Helper()
-	u, err := url.Parse(amqpURL)
-	if err != nil {
-		t.Fatalf("testenv: %v", err)
-	}
-	ctl(t, "close_all_connections", "--vhost", strings.TrimPrefix(u.Path, "/"), "idem chaos test")
-}
-
-func ctl(t testing.TB, args ...string) {
-	t.Helper()
-	out, err := exec.Command("rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("testenv: rabbitmqctl %s: %v: %s", strings.Join(args, " "), err, out)
+	if err := sandbox.CloseVHostConnections(amqpURL, "idem chaos test"); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -20,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/config"
+	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/migrations"
 )
 
@@ -86,18 +86,8 @@ func SchemaOn(t testing.TB, dbURL string) (*pgxpool.Pool, string) {
 	return pool, u
 }
 
-// WithParam returns rawURL with query parameter k set to v, e.g. a
-// DATABASE_URL's search_path or application_name.
-func WithParam(rawURL, k, v string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return rawURL
-	}
-	q := u.Query()
-	q.Set(k, v)
-	u.RawQuery = q.Encode()
-	return u.String()
-}
+// WithParam returns rawURL with query parameter k set to v.
+func WithParam(rawURL, k, v string) string { return sandbox.WithParam(rawURL, k, v) }
 
 // Redis returns a client on the shared Redis and a key prefix of the test's
 // own; the prefix's keys are deleted at the end.

@@ -1,0 +1,136 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Redis is a redis-server of the caller's own, without persistence.
+type Redis struct {
+	Port int
+	dir  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// StartRedis starts a redis-server on a free port with its files in dir.
+func StartRedis(dir string) (*Redis, error) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, fmt.Errorf("sandbox: redis-server not installed: %w", err)
+	}
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	s := &Redis{Port: port, dir: dir}
+	return s, s.Start()
+}
+
+// URL is the server's redis:// URL.
+func (s *Redis) URL() string { return fmt.Sprintf("redis://127.0.0.1:%d/0", s.Port) }
+
+// Client returns a new client for the server.
+func (s *Redis) Client() *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", s.Port), ContextTimeoutEnabled: true})
+}
+
+// Start (re)starts the server on its port and waits until it answers PING.
+// DEBUG is enabled so that Slow can make it sleep.
+func (s *Redis) Start() error {
+	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir, "--enable-debug-command", "local",
+		"--logfile", filepath.Join(s.dir, "redis.log"))
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := s.cmd.Start(); err != nil {
+		return fmt.Errorf("sandbox: start redis-server: %w", err)
+	}
+	s.done = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(s.cmd, s.done)
+	rdb := s.Client()
+	defer rdb.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := rdb.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+			return fmt.Errorf("sandbox: redis-server on %d did not answer: %v\n%s", s.Port, err, b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Kill SIGKILLs the server, losing every key, and waits for it to exit.
+func (s *Redis) Kill() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+}
+
+// Do runs one command on a fresh connection.
+func (s *Redis) Do(ctx context.Context, args ...any) error {
+	rdb := s.Client()
+	defer rdb.Close()
+	if err := rdb.Do(ctx, args...).Err(); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("sandbox: redis %v: %w", args, err)
+	}
+	return nil
+}
+
+// Pause stops the server from answering clients for d (CLIENT PAUSE ALL):
+// commands queue up and run when the pause ends.
+func (s *Redis) Pause(ctx context.Context, d time.Duration) error {
+	return s.Do(ctx, "CLIENT", "PAUSE", d.Milliseconds(), "ALL")
+}
+
+// Slow makes the server answer late until ctx ends: it sleeps lag at a time
+// (DEBUG SLEEP blocks every client) with a short gap between sleeps, so
+// most commands wait up to lag.
+func (s *Redis) Slow(ctx context.Context, lag time.Duration) error {
+	rdb := s.Client()
+	defer rdb.Close()
+	for ctx.Err() == nil {
+		cctx, cancel := context.WithTimeout(context.Background(), lag+time.Second)
+		err := rdb.Do(cctx, "DEBUG", "SLEEP", fmt.Sprintf("%.3f", lag.Seconds())).Err()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("sandbox: redis DEBUG SLEEP: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(lag / 10):
+		}
+	}
+	return nil
+}
+
+// Evict caps the server's memory at maxBytes with an evicting policy, so it
+// drops keys it was given, until ctx ends; then it lifts the cap.
+func (s *Redis) Evict(ctx context.Context, maxBytes int64, policy string) error {
+	set := func(c context.Context, k string, v any) error { return s.Do(c, "CONFIG", "SET", k, v) }
+	if err := set(ctx, "maxmemory-policy", policy); err != nil {
+		return err
+	}
+	if err := set(ctx, "maxmemory", maxBytes); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return set(rctx, "maxmemory", 0)
+}
