@@ -23,7 +23,7 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	path := fs.String("config", "", "YAML config `file`")
 	host, _ := os.Hostname()
 	name := fs.String("name", fmt.Sprintf("idem-consume-%s-%d", host, os.Getpid()), "client-provided RabbitMQ connection `name`")
-	statsFile := fs.String("stats-file", "", "write the final outcome counts as JSON to this `file` on exit")
+	statsFile := fs.String("stats-file", "", "write the outcome counts as JSON to this `file` every second and on exit")
 	noMigrate := fs.Bool("no-migrate", false, "do not apply pending migrations at start")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -73,15 +73,50 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 			}
 		}()
 	}
+	stopStats := func() {}
+	if *statsFile != "" {
+		stopStats = writeStatsEvery(*statsFile, time.Second, metrics, log)
+	}
 	err = c.Run(ctx)
 	log.Info("stopped", "outcomes", metrics)
-	if *statsFile != "" {
-		b, _ := json.Marshal(metrics.Snapshot())
-		if werr := os.WriteFile(*statsFile, b, 0o644); werr != nil {
-			log.Error("write stats file", "err", werr)
+	stopStats()
+	return err
+}
+
+// writeStatsEvery writes the counts to path every interval, so that a
+// process killed with SIGKILL leaves counts at most interval old (idem chaos
+// sums them). The returned func stops the writer and writes a last time.
+func writeStatsEvery(path string, interval time.Duration, m *telemetry.Metrics, log *slog.Logger) func() {
+	write := func() {
+		b, _ := json.Marshal(m.Snapshot())
+		tmp := path + ".tmp"
+		err := os.WriteFile(tmp, b, 0o644)
+		if err == nil {
+			err = os.Rename(tmp, path) // readers never see a torn file
+		}
+		if err != nil {
+			log.Error("write stats file", "err", err)
 		}
 	}
-	return err
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				write()
+			case <-stop:
+				return
+			}
+		}
+	}()
+	return func() {
+		close(stop)
+		<-done
+		write()
+	}
 }
 
 func redisTierConfig(cfg config.Config, log *slog.Logger, m *telemetry.Metrics) redistier.Config {

@@ -97,7 +97,8 @@ func (p *Proc) Stop(timeout time.Duration) error {
 	}
 }
 
-// Stats reads the outcome counts the process wrote on a clean exit.
+// Stats reads the last outcome counts the process wrote: final after a
+// clean exit, at most a second old after a kill.
 func (p *Proc) Stats() (map[string]int64, error) {
 	b, err := os.ReadFile(p.StatsPath)
 	if err != nil {
