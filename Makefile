@@ -2,7 +2,7 @@
 GO ?= go
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: demo test services build lint fire bench clean
+.PHONY: demo test services build lint chaos lab bench clean
 
 ## demo: start the local services, then run a fleet of consumers on a stream with duplicates and verify it
 demo: services build
@@ -23,9 +23,9 @@ lint:
 	@test -z "$$(gofmt -l .)" || (gofmt -l .; exit 1)
 	$(GO) vet ./...
 
-## fire: the fleet-under-fire test on a bigger stream (IDEM_FIRE_EVENTS, IDEM_FIRE_SEED)
-fire: services
-	IDEM_FIRE_EVENTS=$${IDEM_FIRE_EVENTS:-100000} $(GO) test -count=1 -timeout 30m -run TestFleetUnderFire -v ./test/e2e/
+## chaos: ten minutes of the fleet under every fault kind, ending in a verdict and an HTML timeline (CHAOS_FLAGS to change it)
+chaos: services build
+	./bin/idem chaos --duration 10m --dir chaos-report $(CHAOS_FLAGS)
 
 ## bench: one event through the guard, two tiers against the Postgres-only baseline (median of 6 runs)
 bench: services

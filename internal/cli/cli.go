@@ -30,6 +30,7 @@ var commands = []command{
 	{"migrate", "create or update the database tables", runMigrate},
 	{"prune", "delete dedup rows older than postgres.retention", runPrune},
 	{"demo", "run a fleet on a stream with duplicates and verify it", runDemo},
+	{"chaos", "run a fleet under a seeded schedule of faults and judge it", runChaos},
 	{"config", "print every setting with its environment variable and value", runConfig},
 }
 

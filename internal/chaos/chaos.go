@@ -1,0 +1,325 @@
+// Package chaos runs a fleet of `idem consume` processes on a stream with
+// duplicates while a seeded schedule of faults hits the consumers, Redis,
+// PostgreSQL and the broker connections, then checks that every event was
+// applied exactly once and nothing was left behind. It is `idem chaos`.
+//
+// A run owns everything it breaks: a redis-server and a PostgreSQL cluster
+// started for it on free ports, a queue of its own on the shared broker, and
+// consumer connections named after the run, so that closing "their"
+// connections touches no one else's.
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemhq/idem/internal/loadgen"
+	"github.com/idemhq/idem/internal/sandbox"
+	"github.com/idemhq/idem/internal/verify"
+	"github.com/idemhq/idem/migrations"
+)
+
+// Options describe a run. The same options and seed give the same stream
+// and the same fault schedule.
+type Options struct {
+	Bin       string        // the idem binary: consumers and publisher
+	Dir       string        // logs, stats, manifest and reports go here
+	AMQPURL   string        // the broker; the run declares its own queue on it
+	Consumers int           // fleet size
+	Duration  time.Duration // how long the stream is published for
+	Rate      float64       // messages per second, re-sends included
+	DupRatio  float64       // re-sends as a fraction of distinct events
+	Users     int           // distinct users the payments spread over
+	Seed      uint64
+	Faults    []Kind
+	// Settle bounds how long the fleet may take, after the stream and the
+	// last fault, to apply every event and empty the queue.
+	Settle time.Duration
+	// ConfigPath, if set, is passed to every consumer with --config.
+	ConfigPath string
+	// Env is appended to every consumer's environment.
+	Env []string
+	// Progress receives a line per fault and phase.
+	Progress io.Writer
+}
+
+func (o *Options) validate() error {
+	switch {
+	case o.Consumers < 1:
+		return fmt.Errorf("chaos: --consumers must be at least 1, got %d", o.Consumers)
+	case o.Duration < 10*time.Second:
+		return fmt.Errorf("chaos: --duration must be at least 10s, got %s", o.Duration)
+	case o.Rate <= 0:
+		return fmt.Errorf("chaos: --rate must be positive, got %g", o.Rate)
+	case o.DupRatio < 0 || o.DupRatio > 10:
+		return fmt.Errorf("chaos: --dup-ratio must be in [0, 10], got %g", o.DupRatio)
+	case o.Users < 1:
+		return fmt.Errorf("chaos: --users must be at least 1, got %d", o.Users)
+	case o.Settle <= 0:
+		return fmt.Errorf("chaos: --settle must be positive, got %s", o.Settle)
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	return nil
+}
+
+// Run runs the scenario and returns its result; err is for a run that could
+// not be carried out (a service would not start, the publisher failed), not
+// for a failed verdict: see Result.OK.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	r := &run{o: o, id: loadgen.RunID(o.Seed)}
+	defer r.cleanup()
+	return r.run(ctx)
+}
+
+type run struct {
+	o     Options
+	id    string
+	queue string
+	t0    time.Time
+
+	redis   *sandbox.Redis
+	pg      *sandbox.Postgres
+	pool    *pgxpool.Pool
+	appName string
+	fleet   *slots
+
+	mu       sync.Mutex
+	faults   []Fault
+	timeline []Sample
+	cleanups []func()
+}
+
+func (r *run) logf(format string, args ...any) {
+	fmt.Fprintf(r.o.Progress, "[%6.1fs] %s\n", r.since(), fmt.Sprintf(format, args...))
+}
+
+func (r *run) since() float64 {
+	if r.t0.IsZero() {
+		return 0
+	}
+	return time.Since(r.t0).Seconds()
+}
+
+func (r *run) cleanup() {
+	for i := len(r.cleanups) - 1; i >= 0; i-- {
+		r.cleanups[i]()
+	}
+}
+
+func (r *run) run(ctx context.Context) (*Result, error) {
+	o := r.o
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("chaos: --dir: %w", err)
+	}
+	r.queue = "idem.chaos." + r.id
+	r.appName = "idem_chaos_" + r.id
+	if err := r.startServices(ctx); err != nil {
+		return nil, err
+	}
+
+	distinct := max(1, int(o.Rate*o.Duration.Seconds()/(1+o.DupRatio)))
+	plan := Plan(o.Seed, o.Duration, o.Consumers, o.Faults)
+	r.logf("run %s: %d consumers, %d events + %.0f%% re-sends at %.0f msg/s for %s, %d faults planned, files in %s",
+		r.id, o.Consumers, distinct, o.DupRatio*100, o.Rate, o.Duration, len(plan), o.Dir)
+
+	var args []string
+	if o.ConfigPath != "" {
+		args = []string{"--config", o.ConfigPath}
+	}
+	r.fleet = &slots{bin: o.Bin, dir: o.Dir, prefix: "chaos-" + r.id + "-c", args: args, env: append(r.consumerEnv(), o.Env...)}
+	r.t0 = time.Now()
+	r.fleet.t0 = r.t0
+	if err := r.fleet.start(o.Consumers); err != nil {
+		r.fleet.killAll()
+		return nil, err
+	}
+	r.cleanups = append(r.cleanups, r.fleet.killAll)
+
+	sctx, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() { defer close(sampled); r.sample(sctx) }()
+	defer func() { stopSampling(); <-sampled }()
+
+	manifest := filepath.Join(o.Dir, "manifest.json")
+	pub := exec.CommandContext(ctx, o.Bin, "publish", "--quiet", "--count", fmt.Sprint(distinct),
+		"--users", fmt.Sprint(o.Users), "--dup-ratio", fmt.Sprint(o.DupRatio), "--delay-window", "2000",
+		"--rate", fmt.Sprint(o.Rate), "--seed", fmt.Sprint(o.Seed), "--run", r.id, "--manifest", manifest)
+	pub.Env = append(os.Environ(), "AMQP_URL="+o.AMQPURL, "IDEM_QUEUE="+r.queue)
+	pubLog, err := os.Create(filepath.Join(o.Dir, "publish.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer pubLog.Close()
+	pub.Stdout, pub.Stderr = pubLog, pubLog
+	if err := pub.Start(); err != nil {
+		return nil, fmt.Errorf("chaos: start publisher: %w", err)
+	}
+	published := make(chan error, 1)
+	go func() { published <- pub.Wait() }()
+
+	faulted := make(chan struct{})
+	go func() { defer close(faulted); r.inject(ctx, plan) }()
+
+	if err := <-published; err != nil {
+		b, _ := os.ReadFile(pubLog.Name())
+		<-faulted
+		return nil, fmt.Errorf("chaos: idem publish: %v\n%s", err, b)
+	}
+	r.logf("stream published")
+	<-faulted
+	r.logf("fault schedule done; waiting up to %s for the fleet to settle", o.Settle)
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+
+	m, err := loadgen.ReadManifest(manifest)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Seed: o.Seed, RunID: r.id, Queue: r.queue, Consumers: o.Consumers, Duration: o.Duration.String(),
+		Rate: o.Rate, Published: m.Messages, Distinct: len(m.Events), Planned: plan}
+	if err := r.settle(ctx, m); err != nil {
+		return nil, err
+	}
+	res.NotDrained = r.fleet.stop(60 * time.Second)
+	r.logf("fleet stopped")
+	// With no consumer left, whatever was unacked is back to ready: what
+	// is in the queue now is stuck.
+	if res.LeftInQueue, err = queueDepth(o.AMQPURL, r.queue); err != nil {
+		return nil, err
+	}
+	stopSampling()
+	<-sampled
+
+	// Counts of consumers that exited cleanly are final; those of killed
+	// ones are their last per-second snapshot.
+	res.collect(r.fleet.procs())
+	if res.DeadLetterQueue, err = queueDepth(o.AMQPURL, r.queue+".dlq"); err != nil {
+		return nil, err
+	}
+	if res.Verify, err = verify.Check(ctx, r.pool, m); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	res.Faults, res.Timeline = r.faults, r.timeline
+	r.mu.Unlock()
+	res.Crashes = r.fleet.crashes
+	res.Restarts = r.fleet.restarts
+	res.Elapsed = time.Since(r.t0).Round(100 * time.Millisecond).String()
+	res.judge()
+	return res, nil
+}
+
+// startServices starts the run's Redis and Postgres and registers their
+// removal, and the queue's.
+func (r *run) startServices(ctx context.Context) error {
+	rdir := filepath.Join(r.o.Dir, "redis")
+	if err := os.MkdirAll(rdir, 0o755); err != nil {
+		return err
+	}
+	var err error
+	if r.redis, err = sandbox.StartRedis(rdir); err != nil {
+		return err
+	}
+	r.cleanups = append(r.cleanups, r.redis.Kill)
+	if r.pg, err = sandbox.StartPostgres(""); err != nil {
+		return fmt.Errorf("chaos: the run needs a PostgreSQL of its own (to restart it): %w", err)
+	}
+	r.cleanups = append(r.cleanups, r.pg.Remove)
+	if r.pool, err = pgxpool.New(ctx, r.pg.URL()); err != nil {
+		return err
+	}
+	r.cleanups = append(r.cleanups, r.pool.Close)
+	if _, err := migrations.Apply(ctx, r.pool); err != nil {
+		return err
+	}
+	r.cleanups = append(r.cleanups, func() { deleteQueues(r.o.AMQPURL, r.queue) })
+	return nil
+}
+
+func (r *run) consumerEnv() []string {
+	return []string{
+		"DATABASE_URL=" + sandbox.WithParam(r.pg.URL(), "application_name", r.appName),
+		"REDIS_URL=" + r.redis.URL(),
+		"AMQP_URL=" + r.o.AMQPURL,
+		"IDEM_QUEUE=" + r.queue,
+	}
+}
+
+// settle waits until every event is applied and no message is ready in
+// the queue, or a double shows, or Settle passes; the verdict is taken
+// after the fleet stops.
+func (r *run) settle(ctx context.Context, m loadgen.Manifest) error {
+	deadline := time.Now().Add(r.o.Settle)
+	for time.Now().Before(deadline) {
+		rep, err := verify.Check(ctx, r.pool, m)
+		if err == nil && (rep.Missing == 0 || rep.Doubled > 0) {
+			left, err := queueDepth(r.o.AMQPURL, r.queue)
+			if err != nil {
+				return err
+			}
+			if left == 0 || rep.Doubled > 0 {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	r.logf("the fleet did not settle within %s", r.o.Settle)
+	return nil
+}
+
+// queueDepth is the ready plus unacked messages of a queue.
+func queueDepth(amqpURL, queue string) (int, error) {
+	conn, err := amqp.DialConfig(amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": "idem-chaos-inspect"}})
+	if err != nil {
+		return 0, fmt.Errorf("chaos: inspect queue: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, fmt.Errorf("chaos: inspect queue: %w", err)
+	}
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("chaos: inspect queue %s: %w", queue, err)
+	}
+	return q.Messages, nil
+}
+
+func deleteQueues(amqpURL, queue string) {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return
+	}
+	_, _ = ch.QueueDelete(queue, false, false, false)
+	_, _ = ch.QueueDelete(queue+".dlq", false, false, false)
+	_ = ch.ExchangeDelete(queue+".dlx", false, false)
+}

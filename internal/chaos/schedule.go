@@ -1,0 +1,173 @@
+package chaos
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idemhq/idem/internal/crashpoint"
+)
+
+// Kind names a fault.
+type Kind string
+
+// The fault kinds. Consumer faults hit the fleet's processes; the others hit
+// the run's own Redis and Postgres, or the consumers' broker connections.
+const (
+	ConsumerKill Kind = "consumer-kill" // SIGKILL a random consumer; it is restarted
+	CrashPoint   Kind = "crash-point"   // restart a consumer armed to SIGKILL itself at a named step
+	RedisKill    Kind = "redis-kill"    // SIGKILL redis-server (every key lost), restart it later
+	RedisPause   Kind = "redis-pause"   // CLIENT PAUSE ALL: Redis stops answering for a while
+	RedisSlow    Kind = "redis-slow"    // DEBUG SLEEP in a loop: Redis answers late
+	RedisFlush   Kind = "redis-flush"   // FLUSHALL: every lease and done marker lost
+	RedisEvict   Kind = "redis-evict"   // tiny maxmemory, allkeys-random: Redis evicts what it was told
+	PGTerminate  Kind = "pg-terminate"  // pg_terminate_backend on every consumer session
+	PGRestart    Kind = "pg-restart"    // stop the run's Postgres in immediate mode, start it later
+	AMQPClose    Kind = "amqp-close"    // close the consumers' broker connections, by connection name
+)
+
+// Describe says what each kind does, for --help.
+var Describe = map[Kind]string{
+	ConsumerKill: "SIGKILL a random consumer; a supervisor restarts it",
+	CrashPoint:   "restart a consumer armed to SIGKILL itself at a named step (all six in turn)",
+	RedisKill:    "SIGKILL the run's redis-server (every key lost), restart it seconds later",
+	RedisPause:   "CLIENT PAUSE ALL: Redis answers nothing for up to 3s",
+	RedisSlow:    "DEBUG SLEEP in a loop: Redis answers 20-200ms late for seconds",
+	RedisFlush:   "FLUSHALL: every lease and done marker lost",
+	RedisEvict:   "maxmemory 1mb with allkeys-random: Redis evicts the keys it is given",
+	PGTerminate:  "pg_terminate_backend on every consumer session",
+	PGRestart:    "stop the run's PostgreSQL in immediate mode, start it seconds later",
+	AMQPClose:    "close the consumers' broker connections, found by connection name",
+}
+
+// Kinds lists every fault kind.
+var Kinds = []Kind{ConsumerKill, CrashPoint, RedisKill, RedisPause, RedisSlow, RedisFlush,
+	RedisEvict, PGTerminate, PGRestart, AMQPClose}
+
+func (k Kind) consumerFault() bool { return k == ConsumerKill || k == CrashPoint }
+
+// ParseKinds parses a comma-separated list of kinds; "all" is every kind.
+func ParseKinds(s string) ([]Kind, error) {
+	if s == "" || s == "all" {
+		return slices.Clone(Kinds), nil
+	}
+	var out []Kind
+	for _, f := range strings.Split(s, ",") {
+		k := Kind(strings.TrimSpace(f))
+		if !slices.Contains(Kinds, k) {
+			return nil, fmt.Errorf("unknown fault kind %q (want all, or some of %s)", k, kindList())
+		}
+		if !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	return out, nil
+}
+
+func kindList() string {
+	s := make([]string, len(Kinds))
+	for i, k := range Kinds {
+		s[i] = string(k)
+	}
+	return strings.Join(s, ",")
+}
+
+// Planned is one fault of the schedule.
+type Planned struct {
+	Kind Kind          `json:"kind"`
+	At   time.Duration `json:"at"`             // from the start of publishing
+	For  time.Duration `json:"for,omitempty"`  // how long the fault lasts (0: instant)
+	Slot int           `json:"slot,omitempty"` // consumer faults: which consumer
+	Step string        `json:"step,omitempty"` // crash-point: where it dies
+	// After is how many passes of Step the armed consumer makes before it dies.
+	After int           `json:"after,omitempty"`
+	Lag   time.Duration `json:"lag,omitempty"` // redis-slow: how late Redis answers
+}
+
+// Plan draws the fault schedule of a run from its seed: two tracks over
+// the first 85% of the publishing time. The consumer track kills consumers,
+// and arms crash points in turn at every named step. The infrastructure
+// track runs one fault at a time, every enabled kind once per round in a
+// shuffled order, for as many rounds as fit (at least one).
+func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind) []Planned {
+	rng := rand.New(rand.NewPCG(seed, 0xc4a05))
+	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo)+1)) }
+	var plan []Planned
+	start, end := d/10, d*85/100
+
+	// Consumer track: one fault every few seconds; crash points cycle
+	// through every step (shuffled per cycle), with a plain kill every
+	// third fault.
+	var cons []Kind
+	for _, k := range kinds {
+		if k.consumerFault() {
+			cons = append(cons, k)
+		}
+	}
+	if len(cons) > 0 {
+		n := max(len(crashpoint.Steps)+2, int((end-start)/(6*time.Second)))
+		gap := (end - start) / time.Duration(n)
+		var steps []string
+		slot := -1
+		for i := range n {
+			// Never the slot hit last: an armed consumer gets time to die
+			// at its step before it could be killed again.
+			next := rng.IntN(consumers)
+			if consumers > 1 && next == slot {
+				next = (next + 1 + rng.IntN(consumers-1)) % consumers
+			}
+			slot = next
+			p := Planned{Kind: cons[0], At: start + time.Duration(i)*gap + between(0, gap/2), Slot: slot}
+			if len(cons) == 2 && i%3 == 2 {
+				p.Kind = ConsumerKill
+			} else if len(cons) == 2 {
+				p.Kind = CrashPoint
+			}
+			if p.Kind == CrashPoint {
+				if len(steps) == 0 {
+					for _, s := range crashpoint.Steps {
+						steps = append(steps, string(s))
+					}
+					rng.Shuffle(len(steps), func(i, j int) { steps[i], steps[j] = steps[j], steps[i] })
+				}
+				p.Step, steps = steps[0], steps[1:]
+				p.After = 1 + rng.IntN(20)
+			}
+			plan = append(plan, p)
+		}
+	}
+
+	// Infrastructure track.
+	var infra []Kind
+	for _, k := range kinds {
+		if !k.consumerFault() {
+			infra = append(infra, k)
+		}
+	}
+	at := start
+	for round := 0; len(infra) > 0 && (round == 0 || at < end); round++ {
+		order := slices.Clone(infra)
+		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		for _, k := range order {
+			if round > 0 && at >= end {
+				break
+			}
+			p := Planned{Kind: k, At: at}
+			switch k {
+			case RedisKill, RedisEvict, PGRestart:
+				p.For = between(2*time.Second, 6*time.Second)
+			case RedisPause:
+				p.For = between(500*time.Millisecond, 3*time.Second)
+			case RedisSlow:
+				p.For = between(2*time.Second, 5*time.Second)
+				p.Lag = between(20*time.Millisecond, 200*time.Millisecond)
+			}
+			plan = append(plan, p)
+			at += p.For + between(time.Second, 3*time.Second)
+		}
+	}
+	slices.SortStableFunc(plan, func(a, b Planned) int { return int(a.At - b.At) })
+	return plan
+}

@@ -1,0 +1,78 @@
+package chaos
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/crashpoint"
+)
+
+func TestPlanIsSeededAndCoversEveryKind(t *testing.T) {
+	a := Plan(7, 40*time.Second, 4, Kinds)
+	require.Equal(t, a, Plan(7, 40*time.Second, 4, Kinds), "the same seed must give the same schedule")
+	require.NotEqual(t, a, Plan(8, 40*time.Second, 4, Kinds))
+
+	kinds, steps := map[Kind]int{}, map[string]int{}
+	last := -1
+	for i, p := range a {
+		kinds[p.Kind]++
+		if i > 0 {
+			require.GreaterOrEqual(t, p.At, a[i-1].At, "sorted by time")
+		}
+		if p.Kind.consumerFault() {
+			require.NotEqual(t, last, p.Slot, "the same consumer twice in a row")
+			last = p.Slot
+		}
+		if p.Kind == CrashPoint {
+			steps[p.Step]++
+			require.Positive(t, p.After)
+		}
+	}
+	for _, k := range Kinds {
+		require.Positive(t, kinds[k], "kind %s missing", k)
+	}
+	for _, s := range crashpoint.Steps {
+		require.Positive(t, steps[string(s)], "crash point %s never armed", s)
+	}
+}
+
+func TestPlanOnlyTheKindsAsked(t *testing.T) {
+	for _, p := range Plan(1, time.Minute, 3, []Kind{RedisFlush}) {
+		require.Equal(t, RedisFlush, p.Kind)
+	}
+	long := Plan(1, 10*time.Minute, 3, []Kind{RedisKill, ConsumerKill})
+	n := map[Kind]int{}
+	for _, p := range long {
+		n[p.Kind]++
+	}
+	require.Greater(t, n[RedisKill], 10, "a long run repeats faults")
+	require.Greater(t, n[ConsumerKill], 10)
+}
+
+func TestParseKinds(t *testing.T) {
+	all, err := ParseKinds("all")
+	require.NoError(t, err)
+	require.Equal(t, Kinds, all)
+	got, err := ParseKinds("redis-kill, pg-restart,redis-kill")
+	require.NoError(t, err)
+	require.Equal(t, []Kind{RedisKill, PGRestart}, got)
+	_, err = ParseKinds("redis-kill,meteor")
+	require.ErrorContains(t, err, `unknown fault kind "meteor"`)
+}
+
+func TestBreakerStateFromTransitionCounts(t *testing.T) {
+	st := func(kv ...any) map[string]int64 {
+		m := map[string]int64{}
+		for i := 0; i < len(kv); i += 2 {
+			m["breaker/"+kv[i].(string)] = int64(kv[i+1].(int))
+		}
+		return m
+	}
+	require.Equal(t, "closed", breakerState(st()))
+	require.Equal(t, "open", breakerState(st("closed->open", 1)))
+	require.Equal(t, "half-open", breakerState(st("closed->open", 1, "open->half-open", 1)))
+	require.Equal(t, "open", breakerState(st("closed->open", 1, "open->half-open", 1, "half-open->open", 1)))
+	require.Equal(t, "closed", breakerState(st("closed->open", 2, "open->half-open", 3, "half-open->open", 1, "half-open->closed", 2)))
+}

@@ -1,0 +1,101 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/idemhq/idem/internal/chaos"
+)
+
+func runChaos(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "chaos", `Runs a fleet of 'idem consume' processes on a stream with duplicates
+(back-to-back, delayed and concurrent re-sends) while a schedule of faults
+drawn from the seed hits it: consumers SIGKILLed and armed to die at every
+named crash point; the run's own Redis killed, paused, slowed, flushed and
+made to evict; the consumers' Postgres sessions terminated and the run's own
+Postgres restarted; the consumers' broker connections closed by name.
+
+Then it checks every event was applied exactly once and nothing is stuck,
+prints the verdict, and writes chaos.json (numbers and timeline) and
+chaos.html (a timeline chart with the fault windows and breaker state) to
+--dir. Exits 1 if anything was doubled, lost or stuck, or a fault could not
+be injected.
+
+It starts its own redis-server and PostgreSQL cluster (initdb must be
+installed) and declares its own queue on the broker at AMQP_URL; it needs
+rabbitmqctl on this machine to close connections. Fault kinds:
+`+chaosKindList())
+	path := fs.String("config", "", "YAML config `file` passed to the consumers (connections and queue are the run's own)")
+	consumers := fs.Int("consumers", 4, "consumer processes")
+	duration := fs.Duration("duration", time.Minute, "how long the stream is published for; faults are spread over it")
+	rate := fs.Float64("rate", 300, "messages per second, re-sends included")
+	dup := fs.Float64("dup-ratio", 0.25, "re-sends as a fraction of distinct events")
+	users := fs.Int("users", 100, "distinct users")
+	seed := fs.Uint64("seed", 0, "random seed: the same seed and flags give the same stream and fault schedule (0: from the clock)")
+	faults := fs.String("faults", "all", "comma-separated fault kinds to inject, or all")
+	settle := fs.Duration("settle", 3*time.Minute, "how long the fleet may take after the stream and the last fault to finish")
+	dir := fs.String("dir", "", "directory for logs, chaos.json and chaos.html (default: a new temp dir)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *seed == 0 {
+		*seed = uint64(time.Now().UnixNano())
+	}
+	kinds, err := chaos.ParseKinds(*faults)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "idem chaos: --faults: %v\n", err)
+		return ErrUsage
+	}
+	cfg, _, err := e.loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	if *path != "" {
+		if *path, err = filepath.Abs(*path); err != nil {
+			return err
+		}
+	}
+	if *dir == "" {
+		*dir, err = os.MkdirTemp("", "idem-chaos-")
+		if err != nil {
+			return err
+		}
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	res, err := chaos.Run(ctx, chaos.Options{
+		Bin: bin, Dir: *dir, AMQPURL: cfg.AMQPURL, Consumers: *consumers, Duration: *duration, Rate: *rate,
+		DupRatio: *dup, Users: *users, Seed: *seed, Faults: kinds, Settle: *settle, ConfigPath: *path,
+		Progress: e.stderr,
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stdout)
+	res.Print(e.stdout)
+	jsonPath, htmlPath := filepath.Join(*dir, "chaos.json"), filepath.Join(*dir, "chaos.html")
+	if err := res.WriteJSON(jsonPath); err != nil {
+		return err
+	}
+	if err := res.WriteHTML(htmlPath); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "\nreport: %s\nnumbers: %s\nconsumer logs: %s\n", htmlPath, jsonPath, *dir)
+	if !res.OK {
+		return ErrVerifyFailed
+	}
+	return nil
+}
+
+func chaosKindList() string {
+	var s string
+	for _, k := range chaos.Kinds {
+		s += fmt.Sprintf("  %-14s %s\n", k, chaos.Describe[k])
+	}
+	return s[:len(s)-1]
+}
