@@ -27,6 +27,10 @@ lint:
 chaos: services build
 	./bin/idem chaos --duration 10m --dir chaos-report $(CHAOS_FLAGS)
 
+## lab: the five approaches (and SET NX claim-first) side by side on the same stream and faults
+lab: services build
+	./bin/idem lab --events 10000 --json lab.json
+
 ## bench: one event through the guard, two tiers against the Postgres-only baseline (median of 6 runs)
 bench: services
 	$(GO) test -run '^$$' -bench Process -count 6 -benchtime 2000x ./pkg/guard/ | tee /tmp/idem-bench.txt

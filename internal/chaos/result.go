@@ -136,7 +136,7 @@ func (res *Result) Print(w io.Writer) {
 	head("STREAM")
 	row("messages published", res.Published)
 	row("distinct events", res.Distinct)
-	row("deliveries counted (a killed consumer loses its last second)", res.Deliveries)
+	row("deliveries counted", res.Deliveries)
 	row("applied (processed)", res.Outcomes[guard.OutcomeProcessed.String()])
 	row("duplicates dropped by Redis", res.Outcomes[guard.OutcomeDuplicateRedis.String()])
 	row("duplicates caught by Postgres", res.Outcomes[guard.OutcomeDuplicatePostgres.String()])

@@ -31,6 +31,8 @@ var commands = []command{
 	{"prune", "delete dedup rows older than postgres.retention", runPrune},
 	{"demo", "run a fleet on a stream with duplicates and verify it", runDemo},
 	{"chaos", "run a fleet under a seeded schedule of faults and judge it", runChaos},
+	{"lab", "compare the five dedup approaches under the same faults", runLab},
+	{"lab-worker", "one worker process of 'idem lab' (started by it)", runLabWorker},
 	{"config", "print every setting with its environment variable and value", runConfig},
 }
 
@@ -69,7 +71,7 @@ Usage: idem <command> [flags]
 Commands:
 `)
 	for _, c := range commands {
-		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
 	}
 	fmt.Fprint(w, `
 Connections come from AMQP_URL, REDIS_URL and DATABASE_URL (local services by

@@ -1,5 +1,6 @@
-// Package fleet starts and stops `idem consume` processes: the demo's fleet
-// and the crash tests' victims. Each process logs to its own file.
+// Package fleet starts and stops `idem consume` processes (or lab workers):
+// the demo's and chaos runs' fleets and the crash tests' victims. Each
+// process logs to its own file.
 package fleet
 
 import (
@@ -25,11 +26,14 @@ type Proc struct {
 
 // Spec says how to start a consumer.
 type Spec struct {
-	Bin  string   // the idem binary
-	Name string   // connection name, also names the log and stats files
-	Dir  string   // where logs and stats go
-	Env  []string // appended to this process's environment
-	Args []string // extra arguments after "consume"
+	Bin string // the idem binary
+	// Command is the idem subcommand; it must take --name and
+	// --stats-file. Defaults to "consume".
+	Command string
+	Name    string   // connection name, also names the log and stats files
+	Dir     string   // where logs and stats go
+	Env     []string // appended to this process's environment
+	Args    []string // extra arguments after "consume"
 }
 
 // Start launches `idem consume` as described by s.
@@ -44,7 +48,10 @@ func Start(s Spec) (*Proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{"consume", "--name", s.Name, "--stats-file", p.StatsPath}, s.Args...)
+	if s.Command == "" {
+		s.Command = "consume"
+	}
+	args := append([]string{s.Command, "--name", s.Name, "--stats-file", p.StatsPath}, s.Args...)
 	p.cmd = exec.Command(s.Bin, args...)
 	p.cmd.Env = append(os.Environ(), s.Env...)
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
