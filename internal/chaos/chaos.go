@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -67,6 +68,11 @@ func (o *Options) validate() error {
 		return fmt.Errorf("chaos: --users must be at least 1, got %d", o.Users)
 	case o.Settle <= 0:
 		return fmt.Errorf("chaos: --settle must be positive, got %s", o.Settle)
+	}
+	if slices.Contains(o.Faults, AMQPClose) {
+		if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+			return fmt.Errorf("chaos: the %s fault needs rabbitmqctl on this machine; leave it out with --faults", AMQPClose)
+		}
 	}
 	if o.Progress == nil {
 		o.Progress = io.Discard

@@ -26,7 +26,8 @@ Each approach runs three passes, each on a fresh schema, queue and Redis:
 
 Columns: events applied more than once ("doubled"), events never applied
 ("lost"), messages acked per second while Redis was down, Postgres and Redis
-round trips per message published and throughput in the clean pass.
+round trips per message published and throughput in the clean pass (the
+median over --runs).
 
 It uses the Postgres at DATABASE_URL (a schema per pass, dropped after), the
 broker at AMQP_URL (a queue per pass, deleted after) and a redis-server of
@@ -42,6 +43,7 @@ its own; it needs rabbitmqctl to see unacked messages.`)
 	ttl := fs.Duration("ttl", 24*time.Hour, "TTL of the Redis keys of the Redis approaches")
 	outage := fs.Duration("outage", 3*time.Second, "how long Redis stays down in the redis pass")
 	drain := fs.Duration("drain", 2*time.Minute, "how long a pass may take to empty its queue")
+	runs := fs.Int("runs", 1, "repeat the clean pass this many times; the table shows medians")
 	dir := fs.String("dir", "", "directory for worker logs (default: a new temp dir)")
 	jsonOut := fs.String("json", "", "also write the results as JSON to this `file`")
 	if err := parse(fs, args); err != nil {
@@ -67,7 +69,7 @@ its own; it needs rabbitmqctl to see unacked messages.`)
 	rows, err := lab.Run(ctx, lab.Options{
 		Bin: bin, Dir: *dir, AMQPURL: cfg.AMQPURL, DatabaseURL: cfg.DatabaseURL, Approaches: names,
 		Events: *events, DupRatio: *dup, Users: *users, Seed: *seed, Processes: *procs, Workers: *workers,
-		Prefetch: *prefetch, TTL: *ttl, Outage: *outage, Drain: *drain, Progress: e.stderr,
+		Prefetch: *prefetch, TTL: *ttl, Runs: *runs, Outage: *outage, Drain: *drain, Progress: e.stderr,
 	})
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,7 +50,10 @@ type Options struct {
 	TTL         time.Duration // key TTL of the Redis approaches
 	Outage      time.Duration // how long Redis stays down in the Redis pass
 	Drain       time.Duration // how long a pass may take to empty its queue
-	Progress    io.Writer
+	// Runs repeats the clean pass; the table shows the median of each
+	// number.
+	Runs     int
+	Progress io.Writer
 }
 
 // The passes every approach runs, each on a fresh schema, queue and Redis.
@@ -104,6 +108,8 @@ func (o *Options) validate() error {
 		return fmt.Errorf("lab: --processes must be at least 2 (one is armed per crash), got %d", o.Processes)
 	case o.Workers < 1 || o.Prefetch < 1:
 		return errors.New("lab: --workers and --prefetch must be positive")
+	case o.Runs < 1:
+		return fmt.Errorf("lab: --runs must be at least 1, got %d", o.Runs)
 	case o.Outage < time.Second:
 		return fmt.Errorf("lab: --outage must be at least 1s, got %s", o.Outage)
 	case o.DupRatio <= 0 || o.DupRatio > 10:
@@ -144,14 +150,22 @@ func Run(ctx context.Context, o Options) ([]Row, error) {
 	for _, a := range o.Approaches {
 		row := Row{Approach: a, Title: Titles[a], Passes: map[string]Pass{}}
 		for _, pass := range Passes {
-			p := &passRun{o: o, approach: a, pass: pass, redis: rs, spec: spec, stream: stream}
-			res, err := p.run(ctx)
-			if err != nil {
-				return rows, fmt.Errorf("lab: %s, %s pass: %w", a, pass, err)
+			runs := 1
+			if pass == PassClean {
+				runs = o.Runs
 			}
-			fmt.Fprintf(o.Progress, "  %-18s %-5s %5.1fs  doubled %4d  lost %4d  %6.0f msg/s\n",
-				a, pass, res.Seconds, res.Doubled, res.Lost, res.Rate)
-			row.Passes[pass] = res
+			var results []Pass
+			for run := range runs {
+				p := &passRun{o: o, approach: a, pass: pass, attempt: run, redis: rs, spec: spec, stream: stream}
+				res, err := p.run(ctx)
+				if err != nil {
+					return rows, fmt.Errorf("lab: %s, %s pass: %w", a, pass, err)
+				}
+				fmt.Fprintf(o.Progress, "  %-18s %-5s %5.1fs  doubled %4d  lost %4d  %6.0f msg/s\n",
+					a, pass, res.Seconds, res.Doubled, res.Lost, res.Rate)
+				results = append(results, res)
+			}
+			row.Passes[pass] = median(results)
 		}
 		rows = append(rows, row)
 	}
@@ -162,6 +176,7 @@ type passRun struct {
 	o        Options
 	approach string
 	pass     string
+	attempt  int
 	redis    *sandbox.Redis
 	spec     loadgen.StreamSpec
 	stream   loadgen.Stream
@@ -174,7 +189,7 @@ type passRun struct {
 }
 
 func (p *passRun) run(ctx context.Context) (Pass, error) {
-	p.name = fmt.Sprintf("lab_%s_%s_%s", p.spec.RunID, strings.ReplaceAll(p.approach, "-", "_"), p.pass)
+	p.name = fmt.Sprintf("lab_%s_%s_%s%d", p.spec.RunID, strings.ReplaceAll(p.approach, "-", "_"), p.pass, p.attempt)
 	p.queue = "idem." + p.name
 	if err := p.redis.Do(ctx, "FLUSHALL"); err != nil {
 		return Pass{}, err
@@ -539,5 +554,32 @@ func (w *workerSet) crashes() []string {
 			out = append(out, step)
 		}
 	}
+	return out
+}
+
+// median returns the first pass with each measured number replaced by the
+// median over passes.
+func median(ps []Pass) Pass {
+	out := ps[0]
+	if len(ps) == 1 {
+		return out
+	}
+	mid := func(get func(Pass) float64) float64 {
+		v := make([]float64, len(ps))
+		for i, p := range ps {
+			v[i] = get(p)
+		}
+		slices.Sort(v)
+		if len(v)%2 == 1 {
+			return v[len(v)/2]
+		}
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	out.Doubled = int(mid(func(p Pass) float64 { return float64(p.Doubled) }))
+	out.Lost = int(mid(func(p Pass) float64 { return float64(p.Lost) }))
+	out.PGTrips = mid(func(p Pass) float64 { return p.PGTrips })
+	out.RedisTrips = mid(func(p Pass) float64 { return p.RedisTrips })
+	out.Seconds = mid(func(p Pass) float64 { return p.Seconds })
+	out.Rate = mid(func(p Pass) float64 { return p.Rate })
 	return out
 }
