@@ -86,11 +86,11 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 	case RedisFlush:
 		return "FLUSHALL", r.redis.Do(ctx, "FLUSHALL")
 	case RedisEvict:
-		// 1 MB is below what an idle redis-server uses: with allkeys-random
-		// it evicts keys on nearly every write.
+		// 256 KB above what Redis holds now is room for a thousand or so
+		// markers: from then on, every write evicts a random key.
 		ectx, cancel := context.WithTimeout(ctx, p.For)
 		defer cancel()
-		return fmt.Sprintf("maxmemory 1mb, allkeys-random, for %s", p.For), r.redis.Evict(ectx, 1<<20, "allkeys-random")
+		return fmt.Sprintf("maxmemory = used + 256kb, allkeys-random, for %s", p.For), r.redis.Evict(ectx, 256<<10, "allkeys-random")
 	case PGTerminate:
 		var n int
 		err := r.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity

@@ -22,7 +22,7 @@ const (
 	RedisPause   Kind = "redis-pause"   // CLIENT PAUSE ALL: Redis stops answering for a while
 	RedisSlow    Kind = "redis-slow"    // DEBUG SLEEP in a loop: Redis answers late
 	RedisFlush   Kind = "redis-flush"   // FLUSHALL: every lease and done marker lost
-	RedisEvict   Kind = "redis-evict"   // tiny maxmemory, allkeys-random: Redis evicts what it was told
+	RedisEvict   Kind = "redis-evict"   // tight maxmemory, allkeys-random: Redis evicts as it is written to
 	PGTerminate  Kind = "pg-terminate"  // pg_terminate_backend on every consumer session
 	PGRestart    Kind = "pg-restart"    // stop the run's Postgres in immediate mode, start it later
 	AMQPClose    Kind = "amqp-close"    // close the consumers' broker connections, by connection name
@@ -36,7 +36,7 @@ var Describe = map[Kind]string{
 	RedisPause:   "CLIENT PAUSE ALL: Redis answers nothing for up to 3s",
 	RedisSlow:    "DEBUG SLEEP in a loop: Redis answers 20-200ms late for seconds",
 	RedisFlush:   "FLUSHALL: every lease and done marker lost",
-	RedisEvict:   "maxmemory 1mb with allkeys-random: Redis evicts the keys it is given",
+	RedisEvict:   "maxmemory 256kb above its use, allkeys-random: Redis evicts as it is written to",
 	PGTerminate:  "pg_terminate_backend on every consumer session",
 	PGRestart:    "stop the run's PostgreSQL in immediate mode, start it seconds later",
 	AMQPClose:    "close the consumers' broker connections, found by connection name",

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -119,14 +120,31 @@ func (s *Redis) Slow(ctx context.Context, lag time.Duration) error {
 	return nil
 }
 
-// Evict caps the server's memory at maxBytes with an evicting policy, so it
-// drops keys it was given, until ctx ends; then it lifts the cap.
-func (s *Redis) Evict(ctx context.Context, maxBytes int64, policy string) error {
+// Evict caps the server's memory at what it uses now plus headroom, with an
+// evicting policy, so that it stores new keys by evicting others, until
+// ctx ends; then it lifts the cap. (A cap below the server's own baseline
+// would refuse writes with OOM instead of evicting.)
+func (s *Redis) Evict(ctx context.Context, headroom int64, policy string) error {
+	rdb := s.Client()
+	defer rdb.Close()
+	info, err := rdb.Info(ctx, "memory").Result()
+	if err != nil {
+		return fmt.Errorf("sandbox: redis INFO memory: %w", err)
+	}
+	var used int64
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+			used, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	if used == 0 {
+		return errors.New("sandbox: redis INFO memory has no used_memory")
+	}
 	set := func(c context.Context, k string, v any) error { return s.Do(c, "CONFIG", "SET", k, v) }
 	if err := set(ctx, "maxmemory-policy", policy); err != nil {
 		return err
 	}
-	if err := set(ctx, "maxmemory", maxBytes); err != nil {
+	if err := set(ctx, "maxmemory", used+headroom); err != nil {
 		return err
 	}
 	<-ctx.Done()
