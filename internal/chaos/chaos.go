@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemhq/idem/internal/loadgen"
 	"github.com/idemhq/idem/internal/sandbox"
@@ -254,7 +253,7 @@ func (r *run) startServices(ctx context.Context) error {
 	if _, err := migrations.Apply(ctx, r.pool); err != nil {
 		return err
 	}
-	r.cleanups = append(r.cleanups, func() { deleteQueues(r.o.AMQPURL, r.queue) })
+	r.cleanups = append(r.cleanups, func() { _ = sandbox.DeleteQueue(r.o.AMQPURL, r.queue) })
 	return nil
 }
 
@@ -293,39 +292,11 @@ func (r *run) settle(ctx context.Context, m loadgen.Manifest) error {
 	return nil
 }
 
-// queueDepth is the ready plus unacked messages of a queue.
+// queueDepth is the ready messages of a queue; 0 if it does not exist.
 func queueDepth(amqpURL, queue string) (int, error) {
-	conn, err := amqp.DialConfig(amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": "idem-chaos-inspect"}})
-	if err != nil {
-		return 0, fmt.Errorf("chaos: inspect queue: %w", err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return 0, fmt.Errorf("chaos: inspect queue: %w", err)
-	}
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	var ae *amqp.Error
-	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+	n, err := sandbox.ReadyMessages(amqpURL, queue)
+	if errors.Is(err, sandbox.ErrNoQueue) {
 		return 0, nil
 	}
-	if err != nil {
-		return 0, fmt.Errorf("chaos: inspect queue %s: %w", queue, err)
-	}
-	return q.Messages, nil
-}
-
-func deleteQueues(amqpURL, queue string) {
-	conn, err := amqp.Dial(amqpURL)
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return
-	}
-	_, _ = ch.QueueDelete(queue, false, false, false)
-	_, _ = ch.QueueDelete(queue+".dlq", false, false, false)
-	_ = ch.ExchangeDelete(queue+".dlx", false, false)
+	return n, err
 }

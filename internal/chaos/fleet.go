@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -71,8 +70,8 @@ func (s *slots) spawn(i int, extraEnv []string) error {
 func (s *slots) supervise(i int, p *fleet.Proc, armed bool) {
 	defer s.wg.Done()
 	<-p.Done()
-	if armed && p.Killed() {
-		if step, ok := crashedAt(p.LogPath); ok {
+	if armed {
+		if step, ok := p.CrashedAt(); ok {
 			s.mu.Lock()
 			s.crashes = append(s.crashes, CrashRecord{Consumer: p.Name, Step: step, At: time.Since(s.t0).Seconds()})
 			s.mu.Unlock()
@@ -178,18 +177,4 @@ func (s *slots) killAll() {
 		p.Kill()
 	}
 	s.wg.Wait()
-}
-
-func crashedAt(logPath string) (string, bool) {
-	b, err := os.ReadFile(logPath)
-	if err != nil {
-		return "", false
-	}
-	const marker = "crashpoint: SIGKILL at "
-	i := strings.LastIndex(string(b), marker)
-	if i < 0 {
-		return "", false
-	}
-	step, _, _ := strings.Cut(string(b[i+len(marker):]), "\n")
-	return strings.TrimSpace(step), true
 }

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/idemhq/idem/internal/config"
 	"github.com/idemhq/idem/internal/crashpoint"
+	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/telemetry"
 	"github.com/idemhq/idem/pkg/consumer"
@@ -88,13 +88,7 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 // sums them). The returned func stops the writer and writes a last time.
 func writeStatsEvery(path string, interval time.Duration, m *telemetry.Metrics, log *slog.Logger) func() {
 	write := func() {
-		b, _ := json.Marshal(m.Snapshot())
-		tmp := path + ".tmp"
-		err := os.WriteFile(tmp, b, 0o644)
-		if err == nil {
-			err = os.Rename(tmp, path) // readers never see a torn file
-		}
-		if err != nil {
+		if err := fleet.WriteStats(path, m.Snapshot()); err != nil {
 			log.Error("write stats file", "err", err)
 		}
 	}

@@ -43,6 +43,7 @@ its own; it needs rabbitmqctl to see unacked messages.`)
 	ttl := fs.Duration("ttl", 24*time.Hour, "TTL of the Redis keys of the Redis approaches")
 	outage := fs.Duration("outage", 3*time.Second, "how long Redis stays down in the redis pass")
 	drain := fs.Duration("drain", 2*time.Minute, "how long a pass may take to empty its queue")
+	pgLatency := fs.Duration("pg-latency", 0, "delay added each way between the workers and Postgres, through a proxy (e.g. 1ms: a primary in another zone)")
 	runs := fs.Int("runs", 1, "repeat the clean pass this many times; the table shows medians")
 	dir := fs.String("dir", "", "directory for worker logs (default: a new temp dir)")
 	jsonOut := fs.String("json", "", "also write the results as JSON to this `file`")
@@ -69,12 +70,15 @@ its own; it needs rabbitmqctl to see unacked messages.`)
 	rows, err := lab.Run(ctx, lab.Options{
 		Bin: bin, Dir: *dir, AMQPURL: cfg.AMQPURL, DatabaseURL: cfg.DatabaseURL, Approaches: names,
 		Events: *events, DupRatio: *dup, Users: *users, Seed: *seed, Processes: *procs, Workers: *workers,
-		Prefetch: *prefetch, TTL: *ttl, Runs: *runs, Outage: *outage, Drain: *drain, Progress: e.stderr,
+		Prefetch: *prefetch, TTL: *ttl, Runs: *runs, PGLatency: *pgLatency, Outage: *outage, Drain: *drain, Progress: e.stderr,
 	})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintln(e.stdout)
+	if *pgLatency > 0 {
+		fmt.Fprintf(e.stdout, "workers reach Postgres with %s added each way\n\n", *pgLatency)
+	}
 	lab.Print(e.stdout, rows)
 	if *jsonOut != "" {
 		b, _ := json.MarshalIndent(rows, "", "  ")

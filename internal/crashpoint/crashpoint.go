@@ -20,6 +20,10 @@ import (
 	"github.com/idemhq/idem/pkg/guard"
 )
 
+// Marker starts the line printed to stderr right before the kill; the
+// step follows it.
+const Marker = "crashpoint: SIGKILL at "
+
 // Env names.
 const (
 	EnvAt    = "IDEM_CRASH_AT"
@@ -57,7 +61,7 @@ func Hook(getenv func(string) string) (func(context.Context, guard.Step), error)
 	var passed atomic.Int64
 	return func(_ context.Context, step guard.Step) {
 		if step == at && passed.Add(1) >= after {
-			fmt.Fprintf(os.Stderr, "crashpoint: SIGKILL at %s\n", step)
+			fmt.Fprintf(os.Stderr, "%s%s\n", Marker, step)
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {} // never returns: the signal is on its way
 		}

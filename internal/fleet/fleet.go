@@ -10,8 +10,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
+
+	"github.com/idemhq/idem/internal/crashpoint"
 )
 
 // Proc is one running consumer process.
@@ -113,4 +116,37 @@ func (p *Proc) Stats() (map[string]int64, error) {
 	}
 	var m map[string]int64
 	return m, json.Unmarshal(b, &m)
+}
+
+// WriteStats writes v as JSON to path through a temporary file and a
+// rename, so that a reader (Proc.Stats) never sees a torn file, even when
+// the writer is killed mid-write.
+func WriteStats(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// CrashedAt returns the step a process killed itself at, read from its log.
+// Call after Done.
+func (p *Proc) CrashedAt() (string, bool) {
+	if !p.Killed() {
+		return "", false
+	}
+	b, err := os.ReadFile(p.LogPath)
+	if err != nil {
+		return "", false
+	}
+	i := strings.LastIndex(string(b), crashpoint.Marker)
+	if i < 0 {
+		return "", false
+	}
+	step, _, _ := strings.Cut(string(b[i+len(crashpoint.Marker):]), "\n")
+	return strings.TrimSpace(step), true
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,7 +24,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/loadgen"
@@ -39,17 +39,20 @@ type Options struct {
 	Dir         string // worker logs and stats
 	AMQPURL     string
 	DatabaseURL string // each pass gets a schema of its own here
-	Approaches  []string
-	Events      int     // distinct events per pass
-	DupRatio    float64 // re-sends, half back-to-back, half delayed
-	Users       int
-	Seed        uint64
-	Processes   int // worker processes per pass
-	Workers     int // goroutines per process
-	Prefetch    int
-	TTL         time.Duration // key TTL of the Redis approaches
-	Outage      time.Duration // how long Redis stays down in the Redis pass
-	Drain       time.Duration // how long a pass may take to empty its queue
+	// PGLatency, if set, puts the workers' Postgres behind a proxy that
+	// adds it each way: a primary in another zone, on one machine.
+	PGLatency  time.Duration
+	Approaches []string
+	Events     int     // distinct events per pass
+	DupRatio   float64 // re-sends, half back-to-back, half delayed
+	Users      int
+	Seed       uint64
+	Processes  int // worker processes per pass
+	Workers    int // goroutines per process
+	Prefetch   int
+	TTL        time.Duration // key TTL of the Redis approaches
+	Outage     time.Duration // how long Redis stays down in the Redis pass
+	Drain      time.Duration // how long a pass may take to empty its queue
 	// Runs repeats the clean pass; the table shows the median of each
 	// number.
 	Runs     int
@@ -146,6 +149,20 @@ func Run(ctx context.Context, o Options) ([]Row, error) {
 	}
 	fmt.Fprintf(o.Progress, "lab %s: %d events + %d re-sends (%d back-to-back), %d processes x %d workers, files in %s\n",
 		spec.RunID, len(stream.Events), stream.BackToBack+stream.Delayed, stream.BackToBack, o.Processes, o.Workers, o.Dir)
+	var pgProxy string
+	if o.PGLatency > 0 {
+		u, err := url.Parse(o.DatabaseURL)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("lab: --pg-latency needs DATABASE_URL as a postgres:// URL with a host")
+		}
+		px, err := sandbox.StartDelayProxy(u.Host, o.PGLatency)
+		if err != nil {
+			return nil, err
+		}
+		defer px.Close()
+		pgProxy = px.Addr()
+		fmt.Fprintf(o.Progress, "workers reach Postgres through a proxy adding %s each way\n", o.PGLatency)
+	}
 	var rows []Row
 	for _, a := range o.Approaches {
 		row := Row{Approach: a, Title: Titles[a], Passes: map[string]Pass{}}
@@ -156,7 +173,7 @@ func Run(ctx context.Context, o Options) ([]Row, error) {
 			}
 			var results []Pass
 			for run := range runs {
-				p := &passRun{o: o, approach: a, pass: pass, attempt: run, redis: rs, spec: spec, stream: stream}
+				p := &passRun{o: o, approach: a, pass: pass, attempt: run, redis: rs, spec: spec, stream: stream, pgProxy: pgProxy}
 				res, err := p.run(ctx)
 				if err != nil {
 					return rows, fmt.Errorf("lab: %s, %s pass: %w", a, pass, err)
@@ -184,6 +201,7 @@ type passRun struct {
 	name    string // schema, queue, connection and application name
 	pool    *pgxpool.Pool
 	dbURL   string
+	pgProxy string // host:port of the latency proxy, if any
 	queue   string
 	workers *workerSet
 }
@@ -199,7 +217,7 @@ func (p *passRun) run(ctx context.Context) (Pass, error) {
 		return Pass{}, err
 	}
 	defer drop()
-	defer deleteQueue(p.o.AMQPURL, p.queue)
+	defer func() { _ = sandbox.DeleteQueue(p.o.AMQPURL, p.queue) }()
 	if err := loadgen.Publish(ctx, loadgen.PublishOptions{URL: p.o.AMQPURL, ConnectionName: p.name + "_publish",
 		Topology: consumer.TopologyFor(p.queue, consumer.DefaultBrokerDeliveryLimit)}, p.stream); err != nil {
 		return Pass{}, err
@@ -279,6 +297,15 @@ func (p *passRun) schema(ctx context.Context) (func(), error) {
 	// crash pass terminates theirs and not the lab's own.
 	own := sandbox.WithParam(p.o.DatabaseURL, "search_path", p.name)
 	p.dbURL = sandbox.WithParam(own, "application_name", p.name)
+	if p.pgProxy != "" {
+		u, err := url.Parse(p.dbURL)
+		if err != nil {
+			drop()
+			return nil, err
+		}
+		u.Host = p.pgProxy
+		p.dbURL = u.String()
+	}
 	if p.pool, err = pgxpool.New(ctx, own); err != nil {
 		drop()
 		return nil, err
@@ -311,7 +338,7 @@ func (p *passRun) faults(ctx context.Context) faultResult {
 	var fr faultResult
 	at := func(frac float64) bool {
 		for {
-			left, err := readyMessages(p.o.AMQPURL, p.queue)
+			left, err := sandbox.ReadyMessages(p.o.AMQPURL, p.queue)
 			if err != nil {
 				fr.err = err
 				return false
@@ -363,7 +390,7 @@ func (p *passRun) faults(ctx context.Context) faultResult {
 func (p *passRun) drain(ctx context.Context) (int, error) {
 	deadline := time.Now().Add(p.o.Drain)
 	for {
-		ready, err := readyMessages(p.o.AMQPURL, p.queue)
+		ready, err := sandbox.ReadyMessages(p.o.AMQPURL, p.queue)
 		if err != nil {
 			return 0, err
 		}
@@ -392,23 +419,6 @@ func (p *passRun) drain(ctx context.Context) (int, error) {
 	}
 }
 
-func readyMessages(amqpURL, queue string) (int, error) {
-	conn, err := amqp.DialConfig(amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": "idem-lab-inspect"}})
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return 0, err
-	}
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	if err != nil {
-		return 0, fmt.Errorf("inspect queue %s: %w", queue, err)
-	}
-	return q.Messages, nil
-}
-
 // queueMessages is ready plus unacked messages, from rabbitmqctl.
 func queueMessages(queue string) (int, error) {
 	out, err := exec.Command("rabbitmqctl", "-q", "list_queues", "--no-table-headers", "name", "messages").Output()
@@ -421,19 +431,6 @@ func queueMessages(queue string) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("queue %s not listed by rabbitmqctl", queue)
-}
-
-func deleteQueue(amqpURL, queue string) {
-	conn, err := amqp.Dial(amqpURL)
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	if ch, err := conn.Channel(); err == nil {
-		_, _ = ch.QueueDelete(queue, false, false, false)
-		_, _ = ch.QueueDelete(queue+".dlq", false, false, false)
-		_ = ch.ExchangeDelete(queue+".dlx", false, false)
-	}
 }
 
 // workerSet runs a pass's worker processes and restarts any that dies.
@@ -545,12 +542,7 @@ func (w *workerSet) crashes() []string {
 		default:
 			continue
 		}
-		if !p.Killed() {
-			continue
-		}
-		b, _ := os.ReadFile(p.LogPath)
-		if _, step, ok := strings.Cut(string(b), "crashpoint: SIGKILL at "); ok {
-			step, _, _ = strings.Cut(step, "\n")
+		if step, ok := p.CrashedAt(); ok {
 			out = append(out, step)
 		}
 	}

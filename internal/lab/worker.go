@@ -2,7 +2,6 @@ package lab
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -16,6 +15,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemhq/idem/internal/crashpoint"
+	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/payments"
 )
 
@@ -65,18 +66,12 @@ func (c *counters) snapshot() WorkerStats {
 // backoff.
 func RunWorker(ctx context.Context, o WorkerOptions) error {
 	var c counters
-	writeStats := func() {
-		b, _ := json.Marshal(c.snapshot())
-		tmp := o.StatsFile + ".tmp"
-		if os.WriteFile(tmp, b, 0o644) == nil {
-			_ = os.Rename(tmp, o.StatsFile)
-		}
-	}
+	writeStats := func() { _ = fleet.WriteStats(o.StatsFile, c.snapshot()) }
 	var passes atomic.Int64
 	crash := func(step string) {
 		if step == o.CrashAt && passes.Add(1) == o.CrashAfter {
 			writeStats() // counts only; the broker, Redis and Postgres see a plain SIGKILL
-			fmt.Fprintf(os.Stderr, "crashpoint: SIGKILL at %s\n", step)
+			fmt.Fprintf(os.Stderr, "%s%s\n", crashpoint.Marker, step)
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}
 		}

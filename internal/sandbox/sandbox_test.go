@@ -2,9 +2,11 @@ package sandbox_test
 
 import (
 	"context"
+	"net/url"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -81,4 +83,27 @@ func TestRedisFaults(t *testing.T) {
 	max, err := rdb.ConfigGet(ctx, "maxmemory").Result()
 	require.NoError(t, err)
 	require.Equal(t, "0", max["maxmemory"], "Evict must lift the cap when it ends")
+}
+
+// Through a DelayProxy, a Postgres round trip costs two delays more.
+func TestDelayProxyAddsTheDelayEachWay(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(testenv.DatabaseURL())
+	require.NoError(t, err)
+	p, err := sandbox.StartDelayProxy(u.Host, 5*time.Millisecond)
+	require.NoError(t, err)
+	defer p.Close()
+	u.Host = p.Addr()
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, u.String())
+	require.NoError(t, err)
+	defer c.Close(ctx)
+	var best time.Duration = time.Hour
+	for range 5 {
+		start := time.Now()
+		require.NoError(t, c.QueryRow(ctx, "SELECT 1").Scan(new(int)))
+		best = min(best, time.Since(start))
+	}
+	require.GreaterOrEqual(t, best, 10*time.Millisecond, "a round trip through the proxy must cost both delays")
+	require.Less(t, best, 100*time.Millisecond)
 }

@@ -8,14 +8,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/config"
@@ -131,19 +130,9 @@ func Queue(t testing.TB, amqpURL string) string {
 	t.Helper()
 	q := "idem.test." + Name(t)
 	t.Cleanup(func() {
-		conn, err := amqp.Dial(amqpURL)
-		if err != nil {
-			t.Logf("testenv: delete queue %s: %v", q, err)
-			return
+		if err := sandbox.DeleteQueue(amqpURL, q); err != nil {
+			t.Logf("testenv: %v", err)
 		}
-		defer conn.Close()
-		ch, err := conn.Channel()
-		if err != nil {
-			return
-		}
-		_, _ = ch.QueueDelete(q, false, false, false)
-		_, _ = ch.QueueDelete(q+".dlq", false, false, false)
-		_ = ch.ExchangeDelete(q+".dlx", false, false)
 	})
 	return q
 }
@@ -151,21 +140,12 @@ func Queue(t testing.TB, amqpURL string) string {
 // QueueDepth returns the ready messages in queue, or -1 if it does not exist.
 func QueueDepth(t testing.TB, amqpURL, queue string) int {
 	t.Helper()
-	conn, err := amqp.Dial(amqpURL)
-	if err != nil {
-		t.Fatalf("testenv: dial: %v", err)
+	n, err := sandbox.ReadyMessages(amqpURL, queue)
+	if errors.Is(err, sandbox.ErrNoQueue) {
+		return -1
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
 	if err != nil {
-		t.Fatalf("testenv: channel: %v", err)
+		t.Fatalf("testenv: %v", err)
 	}
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	if err != nil {
-		if strings.Contains(err.Error(), "NOT_FOUND") {
-			return -1
-		}
-		t.Fatalf("testenv: inspect %s: %v", queue, err)
-	}
-	return q.Messages
+	return n
 }

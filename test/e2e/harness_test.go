@@ -18,6 +18,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/crashpoint"
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/loadgen"
 	"github.com/idemhq/idem/internal/testenv"
@@ -168,7 +169,7 @@ func (e *env) waitKilled(p *fleet.Proc, step string) {
 	}
 	require.True(e.t, p.Killed(), "%s should have died of SIGKILL, exit: %v", p.Name, p.Err())
 	b, _ := os.ReadFile(p.LogPath)
-	require.Contains(e.t, string(b), "crashpoint: SIGKILL at "+step)
+	require.Contains(e.t, string(b), crashpoint.Marker+step)
 }
 
 // waitApplied waits until every manifest event has a ledger row.
