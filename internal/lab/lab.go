@@ -161,7 +161,17 @@ func Run(ctx context.Context, o Options) ([]Row, error) {
 		}
 		defer px.Close()
 		pgProxy = px.Addr()
-		fmt.Fprintf(o.Progress, "workers reach Postgres through a proxy adding %s each way\n", o.PGLatency)
+		direct, err := roundTrip(ctx, o.DatabaseURL)
+		if err != nil {
+			return nil, err
+		}
+		u.Host = pgProxy
+		proxied, err := roundTrip(ctx, u.String())
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(o.Progress, "workers reach Postgres through a proxy adding %s each way: a round trip takes %s (direct: %s)\n",
+			o.PGLatency, proxied.Round(10*time.Microsecond), direct.Round(10*time.Microsecond))
 	}
 	var rows []Row
 	for _, a := range o.Approaches {
@@ -574,4 +584,23 @@ func median(ps []Pass) Pass {
 	out.Seconds = mid(func(p Pass) float64 { return p.Seconds })
 	out.Rate = mid(func(p Pass) float64 { return p.Rate })
 	return out
+}
+
+// roundTrip is the median time of a `SELECT 1` on one connection.
+func roundTrip(ctx context.Context, dbURL string) (time.Duration, error) {
+	c, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close(ctx)
+	times := make([]time.Duration, 21)
+	for i := range times {
+		start := time.Now()
+		if err := c.QueryRow(ctx, "SELECT 1").Scan(new(int)); err != nil {
+			return 0, err
+		}
+		times[i] = time.Since(start)
+	}
+	slices.Sort(times)
+	return times[len(times)/2], nil
 }
