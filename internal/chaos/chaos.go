@@ -101,7 +101,7 @@ type run struct {
 	pg      *sandbox.Postgres
 	pool    *pgxpool.Pool
 	appName string
-	fleet   *slots
+	fleet   *consumers
 
 	mu       sync.Mutex
 	faults   []Fault
@@ -142,18 +142,13 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	r.logf("run %s: %d consumers, %d events + %.0f%% re-sends at %.0f msg/s for %s, %d faults planned, files in %s",
 		r.id, o.Consumers, distinct, o.DupRatio*100, o.Rate, o.Duration, len(plan), o.Dir)
 
-	var args []string
-	if o.ConfigPath != "" {
-		args = []string{"--config", o.ConfigPath}
-	}
-	r.fleet = &slots{bin: o.Bin, dir: o.Dir, prefix: "chaos-" + r.id + "-c", args: args, env: append(r.consumerEnv(), o.Env...)}
 	r.t0 = time.Now()
-	r.fleet.t0 = r.t0
-	if err := r.fleet.start(o.Consumers); err != nil {
-		r.fleet.killAll()
+	fl, err := startConsumers(o, "chaos-"+r.id+"-c", append(r.consumerEnv(), o.Env...), r.t0)
+	if err != nil {
 		return nil, err
 	}
-	r.cleanups = append(r.cleanups, r.fleet.killAll)
+	r.fleet = fl
+	r.cleanups = append(r.cleanups, r.fleet.KillAll)
 
 	sctx, stopSampling := context.WithCancel(ctx)
 	sampled := make(chan struct{})
@@ -213,7 +208,7 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 
 	// Counts of consumers that exited cleanly are final; those of killed
 	// ones are their last per-second snapshot.
-	res.collect(r.fleet.procs())
+	res.collect(r.fleet.Procs())
 	if res.DeadLetterQueue, err = queueDepth(o.AMQPURL, r.queue+".dlq"); err != nil {
 		return nil, err
 	}
@@ -223,8 +218,8 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	r.mu.Lock()
 	res.Faults, res.Timeline = r.faults, r.timeline
 	r.mu.Unlock()
-	res.Crashes = r.fleet.crashes
-	res.Restarts = r.fleet.restarts
+	res.Crashes = r.fleet.crashRecords()
+	res.Restarts = r.fleet.Restarts()
 	res.Elapsed = time.Since(r.t0).Round(100 * time.Millisecond).String()
 	res.judge()
 	return res, nil

@@ -67,7 +67,7 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 	}
 	switch p.Kind {
 	case ConsumerKill:
-		return "SIGKILL " + r.fleet.kill(p.Slot), nil
+		return "SIGKILL " + r.fleet.Kill(p.Slot), nil
 	case CrashPoint:
 		name, err := r.fleet.arm(p.Slot, p.Step, p.After)
 		return fmt.Sprintf("%s armed to SIGKILL itself at %s (pass %d)", name, p.Step, p.After), err
@@ -133,13 +133,13 @@ func (r *run) sample(ctx context.Context) {
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
 	for {
-		s := Sample{T: r.since(), Effects: -1, Alive: r.fleet.alive()}
+		s := Sample{T: r.since(), Effects: -1, Alive: r.fleet.Alive()}
 		qctx, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
 		if err := r.pool.QueryRow(qctx, `SELECT count(*) FROM payments_ledger`).Scan(&s.Effects); err != nil {
 			s.Effects = -1
 		}
 		cancel()
-		for _, p := range r.fleet.procs() {
+		for _, p := range r.fleet.Procs() {
 			st, err := p.Stats()
 			if err != nil {
 				continue // not written yet

@@ -98,7 +98,7 @@ func labApproachList() string {
 }
 
 func runLabWorker(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "lab-worker", "One worker process of 'idem lab' (started by it): consumes --queue with one\napproach. DATABASE_URL, REDIS_URL and AMQP_URL say where.")
+	fs := newFlags(e, "lab-worker", "One worker process of 'idem lab' (started by it): consumes --queue with one\napproach. DATABASE_URL, REDIS_URL and AMQP_URL say where; IDEM_CRASH_AT\n("+lab.AfterCheck+" or "+lab.AfterEffect+") and IDEM_CRASH_AFTER arm a SIGKILL.")
 	o := lab.WorkerOptions{}
 	fs.StringVar(&o.Approach, "approach", "", "the approach: "+strings.Join(lab.Approaches, ", "))
 	fs.StringVar(&o.Queue, "queue", "", "queue to consume")
@@ -107,8 +107,6 @@ func runLabWorker(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&o.Workers, "workers", 8, "concurrent handlers")
 	fs.IntVar(&o.Prefetch, "prefetch", 32, "unacked messages")
 	fs.DurationVar(&o.TTL, "ttl", 24*time.Hour, "Redis key TTL")
-	fs.StringVar(&o.CrashAt, "crash-at", "", "SIGKILL at this step: "+lab.AfterCheck+" or "+lab.AfterEffect)
-	fs.Int64Var(&o.CrashAfter, "crash-after", 1, "on this pass of --crash-at")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -120,7 +118,7 @@ func runLabWorker(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	o.AMQPURL, o.DatabaseURL, o.RedisURL, o.Logger = cfg.AMQPURL, cfg.DatabaseURL, cfg.RedisURL, log
+	o.AMQPURL, o.DatabaseURL, o.RedisURL, o.Logger, o.Getenv = cfg.AMQPURL, cfg.DatabaseURL, cfg.RedisURL, log, e.getenv
 	o.StatsFile, _ = filepath.Abs(o.StatsFile)
 	return lab.RunWorker(ctx, o)
 }

@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -39,16 +40,29 @@ var Steps = []guard.Step{
 // Hook returns a guard/consumer hook that SIGKILLs the process at the armed
 // step, or nil when nothing is armed.
 func Hook(getenv func(string) string) (func(context.Context, guard.Step), error) {
-	at := guard.Step(getenv(EnvAt))
+	known := make([]string, len(Steps))
+	for i, s := range Steps {
+		known[i] = string(s)
+	}
+	crash, err := Arm(getenv, known, nil)
+	if crash == nil || err != nil {
+		return nil, err
+	}
+	return func(_ context.Context, step guard.Step) { crash(string(step)) }, nil
+}
+
+// Arm reads IDEM_CRASH_AT and IDEM_CRASH_AFTER and returns a func that
+// SIGKILLs the process on the armed step's after-th pass, or nil when
+// nothing is armed. known lists the steps that may be armed. last, if set,
+// runs right before the kill (to flush counters, say: nothing the broker,
+// Redis or Postgres could see).
+func Arm(getenv func(string) string, known []string, last func()) (func(step string), error) {
+	at := getenv(EnvAt)
 	if at == "" {
 		return nil, nil
 	}
-	known := false
-	for _, s := range Steps {
-		known = known || s == at
-	}
-	if !known {
-		return nil, fmt.Errorf("%s=%q: not a crash point (want one of %v)", EnvAt, at, Steps)
+	if !slices.Contains(known, at) {
+		return nil, fmt.Errorf("%s=%q: not a crash point (want one of %v)", EnvAt, at, known)
 	}
 	after := int64(1)
 	if s := getenv(EnvAfter); s != "" {
@@ -59,8 +73,11 @@ func Hook(getenv func(string) string) (func(context.Context, guard.Step), error)
 		after = n
 	}
 	var passed atomic.Int64
-	return func(_ context.Context, step guard.Step) {
+	return func(step string) {
 		if step == at && passed.Add(1) >= after {
+			if last != nil {
+				last()
+			}
 			fmt.Fprintf(os.Stderr, "%s%s\n", Marker, step)
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {} // never returns: the signal is on its way

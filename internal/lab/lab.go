@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemhq/idem/internal/crashpoint"
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/loadgen"
 	"github.com/idemhq/idem/internal/sandbox"
@@ -236,17 +237,17 @@ func (p *passRun) run(ctx context.Context) (Pass, error) {
 
 	rng := rand.New(rand.NewPCG(p.o.Seed, uint64(len(p.pass))))
 	share := int64(len(p.stream.Order) / p.o.Processes)
-	armed := map[int][2]string{}
+	armed := map[int][]string{}
 	if p.pass == PassCrash {
 		// One worker dies after its check, one after its effect, each
 		// early in its share of the stream.
-		armed[0] = [2]string{AfterCheck, strconv.FormatInt(share/10+rng.Int64N(share/5+1), 10)}
-		armed[1] = [2]string{AfterEffect, strconv.FormatInt(share/10+rng.Int64N(share/5+1), 10)}
+		arm := func(step string) []string {
+			return []string{crashpoint.EnvAt + "=" + step, crashpoint.EnvAfter + "=" + strconv.FormatInt(share/10+rng.Int64N(share/5+1), 10)}
+		}
+		armed[0], armed[1] = arm(AfterCheck), arm(AfterEffect)
 	}
-	p.workers = &workerSet{o: p.o, approach: p.approach, name: p.name, queue: p.queue, dbURL: p.dbURL, redisURL: p.redis.URL()}
 	start := time.Now()
-	if err := p.workers.start(armed); err != nil {
-		p.workers.stop()
+	if p.workers, err = startWorkers(p, armed); err != nil {
 		return Pass{}, err
 	}
 	faults := make(chan faultResult, 1)
@@ -443,17 +444,39 @@ func queueMessages(queue string) (int, error) {
 	return 0, fmt.Errorf("queue %s not listed by rabbitmqctl", queue)
 }
 
-// workerSet runs a pass's worker processes and restarts any that dies.
+// workerSet runs a pass's worker processes, restarting any that dies of a
+// crash; one that fails with an error fails the pass.
 type workerSet struct {
-	o                     Options
-	approach, name, queue string
-	dbURL, redisURL       string
-	mu                    sync.Mutex
-	procs                 []*fleet.Proc
-	stopping              bool
-	wg                    sync.WaitGroup
-	gen                   int
-	failed                error // a worker exited with an error
+	*fleet.Group
+	mu     sync.Mutex
+	failed error
+}
+
+func startWorkers(p *passRun, armed map[int][]string) (*workerSet, error) {
+	w := &workerSet{}
+	args := []string{"--approach", p.approach, "--queue", p.queue, "--workers", strconv.Itoa(p.o.Workers),
+		"--prefetch", strconv.Itoa(p.o.Prefetch), "--ttl", p.o.TTL.String()}
+	env := []string{"AMQP_URL=" + p.o.AMQPURL, "DATABASE_URL=" + p.dbURL, "REDIS_URL=" + p.redis.URL()}
+	g, err := fleet.StartGroup(fleet.GroupConfig{
+		Size: p.o.Processes,
+		Spec: func(slot, gen int) fleet.Spec {
+			return fleet.Spec{Bin: p.o.Bin, Command: "lab-worker", Name: fmt.Sprintf("%s_w%d_%d", p.name, slot, gen),
+				Dir: p.o.Dir, Args: args, Env: env}
+		},
+		RestartDelay: 200 * time.Millisecond,
+		OnExit: func(pr *fleet.Proc, _ bool) bool {
+			if pr.Killed() || pr.Err() == nil {
+				return true
+			}
+			b, _ := os.ReadFile(pr.LogPath)
+			w.mu.Lock()
+			w.failed = fmt.Errorf("worker %s failed: %v\n%s", pr.Name, pr.Err(), b)
+			w.mu.Unlock()
+			return false
+		},
+	}, armed)
+	w.Group = g
+	return w, err
 }
 
 func (w *workerSet) err() error {
@@ -462,68 +485,12 @@ func (w *workerSet) err() error {
 	return w.failed
 }
 
-func (w *workerSet) start(armed map[int][2]string) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for i := range w.o.Processes {
-		if err := w.spawn(i, armed[i]); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (w *workerSet) spawn(i int, arm [2]string) error {
-	args := []string{"--approach", w.approach, "--queue", w.queue, "--workers", strconv.Itoa(w.o.Workers),
-		"--prefetch", strconv.Itoa(w.o.Prefetch), "--ttl", w.o.TTL.String()}
-	if arm[0] != "" {
-		args = append(args, "--crash-at", arm[0], "--crash-after", arm[1])
-	}
-	p, err := fleet.Start(fleet.Spec{Bin: w.o.Bin, Command: "lab-worker", Name: fmt.Sprintf("%s_w%d_%d", w.name, i, w.gen),
-		Dir: w.o.Dir, Args: args,
-		Env: []string{"AMQP_URL=" + w.o.AMQPURL, "DATABASE_URL=" + w.dbURL, "REDIS_URL=" + w.redisURL}})
-	if err != nil {
-		return err
-	}
-	w.gen++
-	w.procs = append(w.procs, p)
-	w.wg.Go(func() {
-		<-p.Done()
-		if !p.Killed() && p.Err() != nil {
-			b, _ := os.ReadFile(p.LogPath)
-			w.mu.Lock()
-			w.failed = fmt.Errorf("worker %s failed: %v\n%s", p.Name, p.Err(), b)
-			w.mu.Unlock()
-		}
-		time.Sleep(200 * time.Millisecond)
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		if !w.stopping && w.failed == nil {
-			if err := w.spawn(i, [2]string{}); err != nil {
-				fmt.Fprintf(os.Stderr, "lab: restart worker: %v\n", err)
-			}
-		}
-	})
-	return nil
-}
-
-func (w *workerSet) stop() {
-	w.mu.Lock()
-	w.stopping = true
-	procs := append([]*fleet.Proc(nil), w.procs...)
-	w.mu.Unlock()
-	for _, p := range procs {
-		_ = p.Stop(10 * time.Second)
-	}
-	w.wg.Wait()
-}
+func (w *workerSet) stop() { w.Stop(10 * time.Second) }
 
 // stats sums every worker's last counts, killed ones included (an armed
 // worker writes its counts right before it dies).
 func (w *workerSet) stats() WorkerStats {
-	w.mu.Lock()
-	procs := append([]*fleet.Proc(nil), w.procs...)
-	w.mu.Unlock()
+	procs := w.Procs()
 	var sum WorkerStats
 	for _, p := range procs {
 		var s WorkerStats
@@ -542,9 +509,7 @@ func (w *workerSet) stats() WorkerStats {
 
 // crashes lists the steps at which armed workers died.
 func (w *workerSet) crashes() []string {
-	w.mu.Lock()
-	procs := append([]*fleet.Proc(nil), w.procs...)
-	w.mu.Unlock()
+	procs := w.Procs()
 	var out []string
 	for _, p := range procs {
 		select {

@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,11 +30,10 @@ type WorkerOptions struct {
 	Workers     int
 	TTL         time.Duration
 	StatsFile   string
-	// CrashAt and CrashAfter arm a SIGKILL at a step (AfterCheck or
-	// AfterEffect) on its CrashAfter-th pass.
-	CrashAt    string
-	CrashAfter int64
-	Logger     *slog.Logger
+	// Getenv reads IDEM_CRASH_AT and IDEM_CRASH_AFTER, which arm a SIGKILL
+	// at AfterCheck or AfterEffect, as they arm `idem consume`.
+	Getenv func(string) string
+	Logger *slog.Logger
 }
 
 // WorkerStats is what a worker writes to its stats file, several times a
@@ -67,14 +64,12 @@ func (c *counters) snapshot() WorkerStats {
 func RunWorker(ctx context.Context, o WorkerOptions) error {
 	var c counters
 	writeStats := func() { _ = fleet.WriteStats(o.StatsFile, c.snapshot()) }
-	var passes atomic.Int64
-	crash := func(step string) {
-		if step == o.CrashAt && passes.Add(1) == o.CrashAfter {
-			writeStats() // counts only; the broker, Redis and Postgres see a plain SIGKILL
-			fmt.Fprintf(os.Stderr, "%s%s\n", crashpoint.Marker, step)
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {}
-		}
+	crash, err := crashpoint.Arm(o.Getenv, []string{AfterCheck, AfterEffect}, writeStats)
+	if err != nil {
+		return err
+	}
+	if crash == nil {
+		crash = func(string) {}
 	}
 
 	pcfg, err := pgxpool.ParseConfig(o.DatabaseURL)
