@@ -75,42 +75,15 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	}
 	stopStats := func() {}
 	if *statsFile != "" {
-		stopStats = writeStatsEvery(*statsFile, time.Second, metrics, log)
+		// Every second, so that a consumer killed with SIGKILL leaves
+		// counts at most a second old (idem chaos sums them).
+		stopStats = fleet.WriteStatsEvery(*statsFile, time.Second, func() any { return metrics.Snapshot() },
+			func(err error) { log.Error("write stats file", "err", err) })
 	}
 	err = c.Run(ctx)
 	log.Info("stopped", "outcomes", metrics)
 	stopStats()
 	return err
-}
-
-// writeStatsEvery writes the counts to path every interval, so that a
-// process killed with SIGKILL leaves counts at most interval old (idem chaos
-// sums them). The returned func stops the writer and writes a last time.
-func writeStatsEvery(path string, interval time.Duration, m *telemetry.Metrics, log *slog.Logger) func() {
-	write := func() {
-		if err := fleet.WriteStats(path, m.Snapshot()); err != nil {
-			log.Error("write stats file", "err", err)
-		}
-	}
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-t.C:
-				write()
-			case <-stop:
-				return
-			}
-		}
-	}()
-	return func() {
-		close(stop)
-		<-done
-		write()
-	}
 }
 
 func redisTierConfig(cfg config.Config, log *slog.Logger, m *telemetry.Metrics) redistier.Config {

@@ -133,6 +133,36 @@ func WriteStats(path string, v any) error {
 	return os.Rename(tmp, path)
 }
 
+// WriteStatsEvery writes snapshot() to path with WriteStats every interval
+// until the returned func is called; that func stops the writer and writes
+// a last time. onErr, if set, sees failed writes.
+func WriteStatsEvery(path string, interval time.Duration, snapshot func() any, onErr func(error)) (stop func()) {
+	write := func() {
+		if err := WriteStats(path, snapshot()); err != nil && onErr != nil {
+			onErr(err)
+		}
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				write()
+			case <-quit:
+				return
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+		write()
+	}
+}
+
 // CrashedAt returns the step a process killed itself at, read from its log.
 // Call after Done.
 func (p *Proc) CrashedAt() (string, bool) {

@@ -113,20 +113,8 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		return fmt.Errorf("lab worker: consume: %w", err)
 	}
 
-	stop := make(chan struct{})
-	go func() {
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-t.C:
-				writeStats()
-			case <-stop:
-				return
-			}
-		}
-	}()
-	defer func() { close(stop); writeStats() }()
+	stopStats := fleet.WriteStatsEvery(o.StatsFile, 100*time.Millisecond, func() any { return c.snapshot() }, nil)
+	defer stopStats()
 
 	var wg sync.WaitGroup
 	for range o.Workers {
