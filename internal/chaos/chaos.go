@@ -102,6 +102,7 @@ type run struct {
 	pool    *pgxpool.Pool
 	appName string
 	fleet   *consumers
+	inspect *sandbox.Inspector
 
 	mu       sync.Mutex
 	faults   []Fault
@@ -200,7 +201,7 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	r.logf("fleet stopped")
 	// With no consumer left, whatever was unacked is back to ready: what
 	// is in the queue now is stuck.
-	if res.LeftInQueue, err = queueDepth(o.AMQPURL, r.queue); err != nil {
+	if res.LeftInQueue, err = r.queueDepth(r.queue); err != nil {
 		return nil, err
 	}
 	stopSampling()
@@ -209,7 +210,7 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	// Counts of consumers that exited cleanly are final; those of killed
 	// ones are their last per-second snapshot.
 	res.collect(r.fleet.Procs())
-	if res.DeadLetterQueue, err = queueDepth(o.AMQPURL, r.queue+".dlq"); err != nil {
+	if res.DeadLetterQueue, err = r.queueDepth(r.queue + ".dlq"); err != nil {
 		return nil, err
 	}
 	if res.Verify, err = verify.Check(ctx, r.pool, m); err != nil {
@@ -249,6 +250,8 @@ func (r *run) startServices(ctx context.Context) error {
 		return err
 	}
 	r.cleanups = append(r.cleanups, func() { _ = sandbox.DeleteQueue(r.o.AMQPURL, r.queue) })
+	r.inspect = sandbox.NewInspector(r.o.AMQPURL)
+	r.cleanups = append(r.cleanups, r.inspect.Close)
 	return nil
 }
 
@@ -269,7 +272,7 @@ func (r *run) settle(ctx context.Context, m loadgen.Manifest) error {
 	for time.Now().Before(deadline) {
 		rep, err := verify.Check(ctx, r.pool, m)
 		if err == nil && (rep.Missing == 0 || rep.Doubled > 0) {
-			left, err := queueDepth(r.o.AMQPURL, r.queue)
+			left, err := r.queueDepth(r.queue)
 			if err != nil {
 				return err
 			}
@@ -288,8 +291,8 @@ func (r *run) settle(ctx context.Context, m loadgen.Manifest) error {
 }
 
 // queueDepth is the ready messages of a queue; 0 if it does not exist.
-func queueDepth(amqpURL, queue string) (int, error) {
-	n, err := sandbox.ReadyMessages(amqpURL, queue)
+func (r *run) queueDepth(queue string) (int, error) {
+	n, err := r.inspect.Ready(queue)
 	if errors.Is(err, sandbox.ErrNoQueue) {
 		return 0, nil
 	}

@@ -213,6 +213,7 @@ type passRun struct {
 	pool    *pgxpool.Pool
 	dbURL   string
 	pgProxy string // host:port of the latency proxy, if any
+	inspect *sandbox.Inspector
 	queue   string
 	workers *workerSet
 }
@@ -229,6 +230,8 @@ func (p *passRun) run(ctx context.Context) (Pass, error) {
 	}
 	defer drop()
 	defer func() { _ = sandbox.DeleteQueue(p.o.AMQPURL, p.queue) }()
+	p.inspect = sandbox.NewInspector(p.o.AMQPURL)
+	defer p.inspect.Close()
 	if err := loadgen.Publish(ctx, loadgen.PublishOptions{URL: p.o.AMQPURL, ConnectionName: p.name + "_publish",
 		Topology: consumer.TopologyFor(p.queue, consumer.DefaultBrokerDeliveryLimit)}, p.stream); err != nil {
 		return Pass{}, err
@@ -349,7 +352,7 @@ func (p *passRun) faults(ctx context.Context) faultResult {
 	var fr faultResult
 	at := func(frac float64) bool {
 		for {
-			left, err := sandbox.ReadyMessages(p.o.AMQPURL, p.queue)
+			left, err := p.inspect.Ready(p.queue)
 			if err != nil {
 				fr.err = err
 				return false
@@ -401,7 +404,7 @@ func (p *passRun) faults(ctx context.Context) faultResult {
 func (p *passRun) drain(ctx context.Context) (int, error) {
 	deadline := time.Now().Add(p.o.Drain)
 	for {
-		ready, err := sandbox.ReadyMessages(p.o.AMQPURL, p.queue)
+		ready, err := p.inspect.Ready(p.queue)
 		if err != nil {
 			return 0, err
 		}

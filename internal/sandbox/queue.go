@@ -3,6 +3,7 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -11,18 +12,41 @@ import (
 var ErrNoQueue = errors.New("sandbox: no such queue")
 
 // ReadyMessages returns the messages ready for delivery in queue (unacked
-// ones are not counted: the broker's declare-ok does not say).
+// ones are not counted: the broker's declare-ok does not say). For polling,
+// use an Inspector, which keeps its connection.
 func ReadyMessages(amqpURL, queue string) (int, error) {
-	conn, err := amqp.DialConfig(amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": "idem-sandbox-inspect"}})
-	if err != nil {
-		return 0, fmt.Errorf("sandbox: inspect queue: %w", err)
+	in := NewInspector(amqpURL)
+	defer in.Close()
+	return in.Ready(queue)
+}
+
+// Inspector reads queue depths over one connection and channel, opened on
+// first use and reopened after an error, so that polling a queue does not
+// cost the broker a connection per look. It is safe for concurrent use.
+type Inspector struct {
+	url  string
+	mu   sync.Mutex
+	conn *amqp.Connection
+	ch   *amqp.Channel
+}
+
+// NewInspector returns an Inspector for the broker at amqpURL.
+func NewInspector(amqpURL string) *Inspector { return &Inspector{url: amqpURL} }
+
+// Ready returns the messages ready for delivery in queue, or an error
+// wrapping ErrNoQueue if it does not exist.
+func (in *Inspector) Ready(queue string) (int, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.ch == nil || in.ch.IsClosed() {
+		if err := in.open(); err != nil {
+			return 0, fmt.Errorf("sandbox: inspect queue: %w", err)
+		}
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
+	q, err := in.ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
-		return 0, fmt.Errorf("sandbox: inspect queue: %w", err)
+		in.ch = nil // a failed passive declare closes the channel
 	}
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	var ae *amqp.Error
 	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
 		return 0, fmt.Errorf("%w: %s", ErrNoQueue, queue)
@@ -31,6 +55,34 @@ func ReadyMessages(amqpURL, queue string) (int, error) {
 		return 0, fmt.Errorf("sandbox: inspect queue %s: %w", queue, err)
 	}
 	return q.Messages, nil
+}
+
+func (in *Inspector) open() error {
+	if in.conn == nil || in.conn.IsClosed() {
+		conn, err := amqp.DialConfig(in.url, amqp.Config{Properties: amqp.Table{"connection_name": "idem-sandbox-inspect"}})
+		if err != nil {
+			return err
+		}
+		in.conn = conn
+	}
+	ch, err := in.conn.Channel()
+	if err != nil {
+		in.conn.Close()
+		in.conn = nil
+		return err
+	}
+	in.ch = ch
+	return nil
+}
+
+// Close closes the connection.
+func (in *Inspector) Close() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.conn != nil {
+		in.conn.Close()
+		in.conn, in.ch = nil, nil
+	}
 }
 
 // DeleteQueue deletes queue with the dead-letter queue and exchange idem
