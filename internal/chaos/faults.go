@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/sandbox"
 )
 
@@ -132,6 +133,8 @@ type Sample struct {
 func (r *run) sample(ctx context.Context) {
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
+	// An exited consumer's counts are final: read them once.
+	final := map[*fleet.Proc]map[string]int64{}
 	for {
 		s := Sample{T: r.since(), Effects: -1, Alive: r.fleet.Alive()}
 		qctx, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
@@ -140,19 +143,27 @@ func (r *run) sample(ctx context.Context) {
 		}
 		cancel()
 		for _, p := range r.fleet.Procs() {
-			st, err := p.Stats()
-			if err != nil {
-				continue // not written yet
+			exited := false
+			select {
+			case <-p.Done():
+				exited = true
+			default:
+			}
+			st, ok := final[p]
+			if !ok {
+				var err error
+				if st, err = p.Stats(); err != nil {
+					continue // not written yet
+				}
+				if exited {
+					final[p] = st
+				}
 			}
 			s.Deliveries += deliveries(st)
 			s.DupRedis += st["duplicate_redis"]
 			s.DupPostgres += st["duplicate_postgres"]
-			select {
-			case <-p.Done():
-			default:
-				if breakerState(st) != "closed" {
-					s.BreakerOpen++
-				}
+			if !exited && breakerState(st) != "closed" {
+				s.BreakerOpen++
 			}
 		}
 		r.mu.Lock()
