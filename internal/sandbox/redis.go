@@ -140,7 +140,12 @@ func (s *Redis) Evict(ctx context.Context, headroom int64, policy string) error 
 	if used == 0 {
 		return errors.New("sandbox: redis INFO memory has no used_memory")
 	}
-	set := func(c context.Context, k string, v any) error { return s.Do(c, "CONFIG", "SET", k, v) }
+	set := func(c context.Context, k string, v any) error {
+		if err := rdb.ConfigSet(c, k, fmt.Sprint(v)).Err(); err != nil {
+			return fmt.Errorf("sandbox: redis CONFIG SET %s: %w", k, err)
+		}
+		return nil
+	}
 	if err := set(ctx, "maxmemory-policy", policy); err != nil {
 		return err
 	}
