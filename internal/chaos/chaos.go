@@ -47,8 +47,6 @@ type Options struct {
 	Settle time.Duration
 	// ConfigPath, if set, is passed to every consumer with --config.
 	ConfigPath string
-	// Env is appended to every consumer's environment.
-	Env []string
 	// Progress receives a line per fault and phase.
 	Progress io.Writer
 }
@@ -144,7 +142,7 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 		r.id, o.Consumers, distinct, o.DupRatio*100, o.Rate, o.Duration, len(plan), o.Dir)
 
 	r.t0 = time.Now()
-	fl, err := startConsumers(o, "chaos-"+r.id+"-c", append(r.consumerEnv(), o.Env...), r.t0)
+	fl, err := startConsumers(o, "chaos-"+r.id+"-c", r.consumerEnv(), r.t0)
 	if err != nil {
 		return nil, err
 	}
