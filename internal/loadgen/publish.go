@@ -2,7 +2,6 @@ package loadgen
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"sync/atomic"
@@ -28,7 +27,8 @@ type PublishOptions struct {
 
 // Publish sends the stream's messages, persistent, to the queue through the
 // default exchange, and returns once the broker confirmed every one. A
-// nacked or unconfirmed message is an error: the manifest would lie.
+// nacked message is sent again, after the window in flight, up to five
+// times; one never confirmed is an error: the manifest would lie.
 func Publish(ctx context.Context, opt PublishOptions, s Stream) error {
 	if opt.Window <= 0 {
 		opt.Window = 256
@@ -64,20 +64,54 @@ func Publish(ctx context.Context, opt PublishOptions, s Stream) error {
 	}
 	start := time.Now()
 	lastReport := start
-	inflight := make([]*amqp.DeferredConfirmation, 0, opt.Window)
-	wait := func(dc *amqp.DeferredConfirmation) error {
+	// A nack means the broker did not take the message (a quorum queue
+	// whose leader is still being elected nacks, for one): send it again,
+	// a few times, before giving up.
+	const maxSends = 5
+	type pending struct {
+		dc    *amqp.DeferredConfirmation
+		n     int // position in s.Order
+		sends int
+	}
+	publish := func(n int) (*amqp.DeferredConfirmation, error) {
+		ev := s.Events[s.Order[n]]
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", opt.Topology.Queue, true, false, amqp.Publishing{
+			ContentType:  "application/json",
+			DeliveryMode: amqp.Persistent,
+			MessageId:    ev.EventID,
+			Timestamp:    time.Now(),
+			Body:         ev.Marshal(),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("publish: message %d: %w", n, err)
+		}
+		return dc, nil
+	}
+	inflight := make([]pending, 0, opt.Window)
+	// settle waits for the oldest message's confirm, re-sending it on a nack.
+	settle := func() error {
+		p := inflight[0]
+		inflight = inflight[1:]
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		ok, err := dc.WaitContext(cctx)
+		ok, err := p.dc.WaitContext(cctx)
 		if err != nil {
 			return fmt.Errorf("publish: wait for confirm: %w", err)
 		}
-		if !ok {
-			return errors.New("publish: broker nacked a message")
+		if ok {
+			return nil
 		}
+		if p.sends >= maxSends {
+			return fmt.Errorf("publish: broker nacked message %d %d times", p.n, p.sends)
+		}
+		dc, err := publish(p.n)
+		if err != nil {
+			return err
+		}
+		inflight = append(inflight, pending{dc, p.n, p.sends + 1})
 		return nil
 	}
-	for n, i := range s.Order {
+	for n := range s.Order {
 		if interval > 0 {
 			if d := time.Until(start.Add(time.Duration(n) * interval)); d > 0 {
 				select {
@@ -87,23 +121,15 @@ func Publish(ctx context.Context, opt PublishOptions, s Stream) error {
 				}
 			}
 		}
-		ev := s.Events[i]
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", opt.Topology.Queue, true, false, amqp.Publishing{
-			ContentType:  "application/json",
-			DeliveryMode: amqp.Persistent,
-			MessageId:    ev.EventID,
-			Timestamp:    time.Now(),
-			Body:         ev.Marshal(),
-		})
+		dc, err := publish(n)
 		if err != nil {
-			return fmt.Errorf("publish: message %d: %w", n, err)
+			return err
 		}
-		inflight = append(inflight, dc)
-		if len(inflight) == opt.Window {
-			if err := wait(inflight[0]); err != nil {
+		inflight = append(inflight, pending{dc, n, 1})
+		if len(inflight) >= opt.Window {
+			if err := settle(); err != nil {
 				return err
 			}
-			inflight = inflight[1:]
 		}
 		if n := returned.Load(); n > 0 {
 			return fmt.Errorf("publish: %d message(s) returned unroutable: does queue %q exist?", n, opt.Topology.Queue)
@@ -114,8 +140,8 @@ func Publish(ctx context.Context, opt PublishOptions, s Stream) error {
 			fmt.Fprintf(opt.Progress, "published %d/%d (%.0f msg/s)\n", n+1, len(s.Order), float64(n+1)/el)
 		}
 	}
-	for _, dc := range inflight {
-		if err := wait(dc); err != nil {
+	for len(inflight) > 0 {
+		if err := settle(); err != nil {
 			return err
 		}
 	}
