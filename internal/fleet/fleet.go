@@ -163,6 +163,13 @@ func WriteStatsEvery(path string, interval time.Duration, snapshot func() any, o
 	}
 }
 
+// LogContains reports whether the process's log holds s, e.g. the
+// consumer's "msg=consuming" once it is up.
+func (p *Proc) LogContains(s string) bool {
+	b, err := os.ReadFile(p.LogPath)
+	return err == nil && strings.Contains(string(b), s)
+}
+
 // CrashedAt returns the step a process killed itself at, read from its log.
 // Call after Done.
 func (p *Proc) CrashedAt() (string, bool) {

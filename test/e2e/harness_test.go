@@ -172,6 +172,19 @@ func (e *env) waitKilled(p *fleet.Proc, step string) {
 	require.Contains(e.t, string(b), crashpoint.Marker+step)
 }
 
+// waitConsuming waits until p logged that it consumes, or exited.
+func (e *env) waitConsuming(p *fleet.Proc) {
+	e.t.Helper()
+	require.Eventually(e.t, func() bool {
+		select {
+		case <-p.Done():
+			return true
+		default:
+		}
+		return p.LogContains("msg=consuming")
+	}, 60*time.Second, 10*time.Millisecond, "%s never started consuming", p.Name)
+}
+
 // waitApplied waits until every manifest event has a ledger row.
 func (e *env) waitApplied(m loadgen.Manifest) verify.Report {
 	e.t.Helper()

@@ -45,6 +45,9 @@ func TestMessageThatKillsEveryConsumerIsDeadLetteredByTheBroker(t *testing.T) {
 			e.waitKilled(p, step)
 			deaths++
 		default:
+			// A SIGTERM that lands before the process has set up its
+			// signal handling kills it outright: let it start first.
+			e.waitConsuming(p)
 			require.NoError(t, p.Stop(30*time.Second))
 		}
 	}
