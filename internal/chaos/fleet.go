@@ -61,14 +61,17 @@ func (c *consumers) arm(slot int, step string, after int) (string, error) {
 }
 
 // stop drains the fleet with SIGTERM and returns the consumers that did not
-// exit cleanly. An armed consumer may reach its step while it drains: that
-// is a crash, not a failed drain.
+// exit cleanly. Two exits are not failed drains: an armed consumer that
+// reached its step while it drained (a crash), and a replacement that got
+// the SIGTERM before it had set up its signal handling (it had not begun
+// to consume, so it held nothing to drain).
 func (c *consumers) stop(timeout time.Duration) []string {
 	var bad []string
 	for _, e := range c.Stop(timeout) {
-		if _, crashed := e.Proc.CrashedAt(); !crashed {
-			bad = append(bad, fmt.Sprintf("%s: %v", e.Proc.Name, e.Err))
+		if _, crashed := e.Proc.CrashedAt(); crashed || !e.Proc.LogContains("msg=consuming") {
+			continue
 		}
+		bad = append(bad, fmt.Sprintf("%s: %v", e.Proc.Name, e.Err))
 	}
 	return bad
 }
