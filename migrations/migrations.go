@@ -1,6 +1,10 @@
-// Package migrations holds idem's schema as numbered SQL files and applies
-// the ones a database lacks. Tables are created unqualified, in the first
-// schema of the connection's search_path.
+// Package migrations holds the guard's schema as numbered SQL files and
+// applies the ones a database lacks. It creates only idem's own tables
+// (idem_processed, idem_horizon and the idem_migrations ledger), so it can run
+// in a database that holds a service's other tables. Tables are created
+// unqualified, in the first schema of the connection's search_path.
+//
+// A service keeps its own tables in a Set of its own, applied with ApplySet.
 package migrations
 
 import (
@@ -25,20 +29,38 @@ type Migration struct {
 	SQL     string
 }
 
-// All returns the embedded migrations in version order.
-func All() ([]Migration, error) {
-	entries, err := fs.ReadDir(files, ".")
+// Set is a numbered series of migrations recorded in a ledger table of its
+// own, so that two sets never share version numbers.
+type Set struct {
+	// Ledger is the table that records which versions ran.
+	Ledger string
+	// Files holds NNNN_name.sql files at its root.
+	Files fs.FS
+}
+
+// Guard is the guard's own set: idem_processed and idem_horizon.
+var Guard = Set{Ledger: "idem_migrations", Files: files}
+
+// All returns the guard's migrations in version order.
+func All() ([]Migration, error) { return Guard.All() }
+
+// All returns the set's migrations in version order.
+func (s Set) All() ([]Migration, error) {
+	entries, err := fs.ReadDir(s.Files, ".")
 	if err != nil {
 		return nil, err
 	}
 	var out []Migration
 	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".sql") {
+			continue
+		}
 		num, name, ok := strings.Cut(strings.TrimSuffix(e.Name(), ".sql"), "_")
 		v, err := strconv.Atoi(num)
 		if !ok || err != nil {
 			return nil, fmt.Errorf("migration file %q: want NNNN_name.sql", e.Name())
 		}
-		b, err := files.ReadFile(e.Name())
+		b, err := fs.ReadFile(s.Files, e.Name())
 		if err != nil {
 			return nil, err
 		}
@@ -53,11 +75,14 @@ type Conn interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Apply runs, in one transaction, every migration not yet recorded in
-// idem_migrations, and returns the ones it ran. Concurrent callers are
+// Apply applies the guard's set (see ApplySet).
+func Apply(ctx context.Context, db Conn) ([]Migration, error) { return ApplySet(ctx, db, Guard) }
+
+// ApplySet runs, in one transaction, every migration of set not yet recorded
+// in its ledger, and returns the ones it ran. Concurrent callers are
 // serialised by an advisory lock, so a fleet may all run it at start.
-func Apply(ctx context.Context, db Conn) ([]Migration, error) {
-	all, err := All()
+func ApplySet(ctx context.Context, db Conn, set Set) ([]Migration, error) {
+	all, err := set.All()
 	if err != nil {
 		return nil, err
 	}
@@ -67,22 +92,23 @@ func Apply(ctx context.Context, db Conn) ([]Migration, error) {
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('idem_migrations'))`); err != nil {
+	ledger := pgx.Identifier{set.Ledger}.Sanitize()
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, set.Ledger); err != nil {
 		return nil, fmt.Errorf("migrate: lock: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS idem_migrations (
+	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+ledger+` (
 		version    int         PRIMARY KEY,
 		name       text        NOT NULL,
 		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		return nil, fmt.Errorf("migrate: create idem_migrations: %w", err)
+		return nil, fmt.Errorf("migrate: create %s: %w", set.Ledger, err)
 	}
-	rows, err := tx.Query(ctx, `SELECT version FROM idem_migrations`)
+	rows, err := tx.Query(ctx, `SELECT version FROM `+ledger)
 	if err != nil {
-		return nil, fmt.Errorf("migrate: read idem_migrations: %w", err)
+		return nil, fmt.Errorf("migrate: read %s: %w", set.Ledger, err)
 	}
 	done, err := pgx.CollectRows(rows, pgx.RowTo[int])
 	if err != nil {
-		return nil, fmt.Errorf("migrate: read idem_migrations: %w", err)
+		return nil, fmt.Errorf("migrate: read %s: %w", set.Ledger, err)
 	}
 	have := map[int]bool{}
 	for _, v := range done {
@@ -96,7 +122,7 @@ func Apply(ctx context.Context, db Conn) ([]Migration, error) {
 		if _, err := tx.Exec(ctx, m.SQL); err != nil {
 			return nil, fmt.Errorf("migrate: %04d_%s: %w", m.Version, m.Name, err)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO idem_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
 			return nil, fmt.Errorf("migrate: record %04d: %w", m.Version, err)
 		}
 		ran = append(ran, m)

@@ -24,9 +24,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/internal/loadgen"
+	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/verify"
-	"github.com/idemhq/idem/migrations"
 )
 
 // Options describe a run. The same options and seed give the same stream
@@ -244,7 +244,7 @@ func (r *run) startServices(ctx context.Context) error {
 		return err
 	}
 	r.cleanups = append(r.cleanups, r.pool.Close)
-	if _, err := migrations.Apply(ctx, r.pool); err != nil {
+	if _, err := payments.Migrate(ctx, r.pool); err != nil {
 		return err
 	}
 	r.cleanups = append(r.cleanups, func() { _ = sandbox.DeleteQueue(r.o.AMQPURL, r.queue) })

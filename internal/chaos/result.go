@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/verify"
+	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -35,6 +36,7 @@ type Result struct {
 	Outcomes        map[string]int64 `json:"outcomes"`
 	Deliveries      int64            `json:"deliveries"`
 	DeadLettered    map[string]int64 `json:"deadLettered"` // by reason
+	Requeued        map[string]int64 `json:"requeued"`     // by reason
 	Breaker         map[string]int64 `json:"breaker"`      // transitions
 	Verify          verify.Report    `json:"verify"`
 	LeftInQueue     int              `json:"leftInQueue"`
@@ -84,10 +86,13 @@ func (res *Result) collect(procs []*fleet.Proc) {
 		}
 	}
 	res.Deliveries = deliveries(res.Outcomes)
-	res.DeadLettered, res.Breaker = map[string]int64{}, map[string]int64{}
+	res.DeadLettered, res.Requeued, res.Breaker = map[string]int64{}, map[string]int64{}, map[string]int64{}
 	for k, v := range res.Outcomes {
 		if r, ok := strings.CutPrefix(k, guard.OutcomeDeadLettered.String()+"/"); ok {
 			res.DeadLettered[r] = v
+		}
+		if r, ok := strings.CutPrefix(k, guard.OutcomeRetry.String()+"/"); ok {
+			res.Requeued[r] = v
 		}
 		if t, ok := strings.CutPrefix(k, "breaker/"); ok {
 			res.Breaker[t] = v
@@ -141,7 +146,11 @@ func (res *Result) Print(w io.Writer) {
 	row("duplicates dropped by Redis", res.Outcomes[guard.OutcomeDuplicateRedis.String()])
 	row("duplicates caught by Postgres", res.Outcomes[guard.OutcomeDuplicatePostgres.String()])
 	row("payload conflicts", res.Outcomes[guard.OutcomePayloadConflict.String()])
-	row("retried (handler or Postgres failed)", res.Outcomes[guard.OutcomeRetry.String()])
+	row("requeued (attempt failed, store held too long, shutdown)", res.Outcomes[guard.OutcomeRetry.String()])
+	for _, k := range slices.Sorted(maps.Keys(res.Requeued)) {
+		row("  "+k, res.Requeued[k])
+	}
+	row("retried in place (Postgres unreachable)", res.Outcomes["count/"+consumer.CounterStoreRetry])
 	row("dead-lettered", res.Outcomes[guard.OutcomeDeadLettered.String()])
 	for _, k := range slices.Sorted(maps.Keys(res.DeadLettered)) {
 		row("  "+k, res.DeadLettered[k])

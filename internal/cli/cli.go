@@ -9,9 +9,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 
 	"github.com/idemhq/idem/internal/config"
+	"github.com/idemhq/idem/internal/redact"
 )
 
 // ErrUsage reports bad command-line usage; the message was already printed.
@@ -38,13 +38,42 @@ var commands = []command{
 
 // env is what every subcommand gets from the process.
 type env struct {
-	stdout, stderr io.Writer
+	stdout, stderr io.Writer // both pass through red
 	getenv         func(string) string
+	environ        func() []string
+	red            *redact.Redactor
 }
 
-// Run runs the idem command with args (without the program name).
+// urlVars are the connection settings whose secrets never reach an output.
+var urlVars = []string{"AMQP_URL", "REDIS_URL", "DATABASE_URL"}
+
+// Run runs the idem command with args (without the program name). Nothing it
+// writes, and no error it returns, holds a password from a connection
+// setting (see package redact).
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	e := &env{stdout: stdout, stderr: stderr, getenv: os.Getenv}
+	red := redact.New()
+	for _, k := range urlVars {
+		red.Add(os.Getenv(k))
+	}
+	e := &env{stdout: red.Writer(stdout), stderr: red.Writer(stderr), getenv: os.Getenv, environ: os.Environ, red: red}
+	if err := run(ctx, e, args); err != nil {
+		return &redactedError{msg: red.String(err.Error()), err: err}
+	}
+	return nil
+}
+
+// redactedError is an error whose message was redacted; errors.Is and As
+// still see the original chain.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
+
+func run(ctx context.Context, e *env, args []string) error {
+	stdout, stderr := e.stdout, e.stderr
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stdout)
 		if len(args) == 0 {
@@ -116,7 +145,8 @@ func IsHelp(err error) bool { return errors.Is(err, errHelp) }
 // loadConfig reads the config and builds the logger it asks for.
 func (e *env) loadConfig(path string) (config.Config, *slog.Logger, error) {
 	boot := slog.New(slog.NewTextHandler(e.stderr, nil))
-	cfg, err := config.Load(path, e.getenv, boot)
+	cfg, err := config.Load(path, e.environ(), boot)
+	e.red.Add(cfg.AMQPURL, cfg.RedisURL, cfg.DatabaseURL) // the file may set them too
 	if err != nil {
 		return cfg, nil, err
 	}
@@ -140,11 +170,7 @@ func runConfig(_ context.Context, e *env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "%-36s %-38s %s\n", "SETTING", "ENV", "VALUE")
 	for _, f := range config.Fields() {
-		v := eff[f.Path]
-		if strings.HasSuffix(f.Path, "_url") {
-			v = redactURL(v)
-		}
-		fmt.Fprintf(e.stdout, "%-36s %-38s %s\n", f.Path, f.Env, v)
+		fmt.Fprintf(e.stdout, "%-36s %-38s %s\n", f.Path, f.Env, eff[f.Path])
 	}
 	return nil
 }

@@ -4,15 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/config"
-	"github.com/idemhq/idem/migrations"
 	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/pkg/guard/pgtier"
 )
 
 // loadDB reads the config and opens the database pool; close the pool when done.
@@ -56,38 +55,35 @@ func openRedis(cfg config.Config) (*redis.Client, error) {
 	return redis.NewClient(opt), nil
 }
 
-// migrateWithRetry applies pending migrations, retrying while Postgres is
-// unreachable so that a fleet can start before its database.
-func migrateWithRetry(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
+// waitPostgres runs fn (what names it in logs) until it succeeds. While
+// PostgreSQL is unreachable or starting it retries, logging each wait, for up
+// to timeout; an error that cannot fix itself (a bad password, a missing
+// database or schema, a failing migration) ends it at once. Its errors name
+// the setting to look at.
+func waitPostgres(ctx context.Context, timeout time.Duration, what string, log *slog.Logger, fn func(context.Context) error) error {
+	deadline := time.Now().Add(timeout)
 	b := consumer.Backoff{Min: 200 * time.Millisecond, Max: 5 * time.Second}
 	for attempt := 1; ; attempt++ {
-		mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		ran, err := migrations.Apply(mctx, pool)
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := fn(actx)
+		timedOut := actx.Err() != nil
 		cancel()
-		if err == nil {
-			for _, m := range ran {
-				log.Info("applied migration", "version", m.Version, "name", m.Name)
-			}
+		switch {
+		case err == nil:
 			return nil
-		}
-		if ctx.Err() != nil {
+		case ctx.Err() != nil:
 			return ctx.Err()
+		case !timedOut && !pgtier.IsTransient(err):
+			return fmt.Errorf("%s failed, and retrying cannot fix it (check database_url and the database): %w", what, err)
+		case time.Now().After(deadline):
+			return fmt.Errorf("database_url: PostgreSQL was not reachable within consumer.startup_timeout (%s) for %s: %w", timeout, what, err)
 		}
 		d := b.Delay(attempt)
-		log.Warn("migrate failed, retrying", "err", err, "delay", d)
+		log.Warn("waiting for PostgreSQL", "for", what, "err", err, "retry_in", d, "gives_up_in", time.Until(deadline).Round(time.Second))
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(d):
 		}
 	}
-}
-
-// redactURL hides a URL's password.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		return s
-	}
-	return u.Redacted()
 }

@@ -2,10 +2,14 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/config"
 	"github.com/idemhq/idem/internal/crashpoint"
@@ -38,20 +42,52 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	log = log.With("consumer", *name)
-	if !*noMigrate {
-		if err := migrateWithRetry(ctx, pool, log); err != nil {
-			return nil // only ctx ends the retries: a signal during start
+	var metricsLn net.Listener
+	if cfg.MetricsAddr != "" {
+		if metricsLn, err = telemetry.Listen(cfg.MetricsAddr); err != nil {
+			return err
 		}
+		defer metricsLn.Close()
+	}
+
+	// Start-up: wait (bounded, logged) for a Postgres that is not up yet;
+	// stop at once on what cannot fix itself.
+	startup := cfg.Consumer.StartupTimeout
+	store := pgtier.New(pool)
+	if !*noMigrate {
+		err := waitPostgres(ctx, startup, "migrations", log, func(ctx context.Context) error {
+			ran, err := payments.Migrate(ctx, pool)
+			for _, m := range ran {
+				log.Info("applied migration", "version", m.Version, "name", m.Name)
+			}
+			return err
+		})
+		if err != nil {
+			return startErr(ctx, err)
+		}
+	}
+	// Record the retention we enforce, so that prune cannot cut below it,
+	// and learn where an earlier prune cut.
+	var horizon pgtier.Horizon
+	err = waitPostgres(ctx, startup, "recording the retention in idem_horizon", log, func(ctx context.Context) (err error) {
+		horizon, err = store.EnforceRetention(ctx, cfg.Postgres.Retention, cfg.Consumer.ClockSkew)
+		return err
+	})
+	if err != nil {
+		return startErr(ctx, err)
 	}
 
 	metrics := telemetry.New()
-	gcfg := guard.Config{Scope: cfg.Scope, Store: pgtier.New(pool), Hook: crash, Logger: log}
+	gcfg := guard.Config{Scope: cfg.Scope, Store: store, Hook: crash, Logger: log}
 	if cfg.Redis.Enabled {
 		rdb, err := openRedis(cfg)
 		if err != nil {
 			return err
 		}
 		defer rdb.Close()
+		if err := checkRedis(ctx, rdb, log); err != nil {
+			return err
+		}
 		fast, err := redistier.New(rdb, redisTierConfig(cfg, log, metrics))
 		if err != nil {
 			return err
@@ -62,13 +98,17 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	c, err := consumer.New(consumerConfig(cfg, *name, log, metrics, crash), g, payments.Handler{})
+	ccfg := consumerConfig(cfg, *name, log, metrics, crash)
+	if !horizon.PrunedThrough.IsZero() {
+		ccfg.NotBefore = horizon.PrunedThrough.Add(horizon.ClockSkew)
+	}
+	c, err := consumer.New(ccfg, g, payments.Handler{})
 	if err != nil {
 		return err
 	}
-	if cfg.MetricsAddr != "" {
+	if metricsLn != nil {
 		go func() {
-			if err := metrics.Serve(ctx, cfg.MetricsAddr); err != nil {
+			if err := metrics.Serve(ctx, metricsLn); err != nil {
 				log.Error("metrics server", "err", err)
 			}
 		}()
@@ -84,6 +124,30 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	log.Info("stopped", "outcomes", metrics)
 	stopStats()
 	return err
+}
+
+// startErr is err, or nil if a signal ended start-up: stopping before
+// consuming anything is a clean exit.
+func startErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// checkRedis refuses a Redis too old for the fast tier. A Redis that does
+// not answer is only logged: the breaker routes around it until it does.
+func checkRedis(ctx context.Context, rdb *redis.Client, log *slog.Logger) error {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	err := redistier.CheckServer(cctx, rdb)
+	switch {
+	case errors.Is(err, redistier.ErrRedisTooOld):
+		return fmt.Errorf("redis_url: %w (or set redis.enabled=false to run on Postgres alone)", err)
+	case err != nil:
+		log.Warn("redis not answering at start; events go to Postgres until it does", "err", err)
+	}
+	return nil
 }
 
 func redisTierConfig(cfg config.Config, log *slog.Logger, m *telemetry.Metrics) redistier.Config {
@@ -115,11 +179,16 @@ func consumerConfig(cfg config.Config, name string, log *slog.Logger, m *telemet
 		BrokerDeliveryLimit: cfg.Consumer.BrokerDeliveryLimit,
 		HandlerTimeout:      cfg.Consumer.HandlerTimeout,
 		Retention:           cfg.Postgres.Retention,
+		ClockSkew:           cfg.Consumer.ClockSkew,
+		Untimed:             consumer.UntimedPolicy(cfg.Consumer.Untimed),
+		StoreHold:           cfg.Consumer.StoreHold,
+		StartupTimeout:      cfg.Consumer.StartupTimeout,
 		RetryBackoff:        consumer.Backoff{Min: cfg.Consumer.RetryBackoffMin, Max: cfg.Consumer.RetryBackoffMax},
 		DrainTimeout:        cfg.Consumer.DrainTimeout,
 		ConfirmTimeout:      10 * time.Second,
 		Hook:                hook,
 		OnOutcome:           m.Outcome,
+		OnCount:             m.Count,
 		Logger:              log,
 	}
 }

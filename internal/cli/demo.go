@@ -10,8 +10,8 @@ import (
 
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/loadgen"
+	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/verify"
-	"github.com/idemhq/idem/migrations"
 	"github.com/idemhq/idem/pkg/consumer"
 )
 
@@ -48,7 +48,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	if _, err := migrations.Apply(ctx, pool); err != nil {
+	if _, err := payments.Migrate(ctx, pool); err != nil {
 		return err
 	}
 

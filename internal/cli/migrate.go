@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemhq/idem/migrations"
+	"github.com/idemhq/idem/internal/payments"
 )
 
 func runMigrate(ctx context.Context, e *env, args []string) error {
@@ -21,7 +21,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	defer pool.Close()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	ran, err := migrations.Apply(ctx, pool)
+	ran, err := payments.Migrate(ctx, pool)
 	if err != nil {
 		return err
 	}

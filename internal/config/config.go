@@ -70,6 +70,21 @@ type Consumer struct {
 	RetryBackoffMin time.Duration `yaml:"retry_backoff_min"`
 	// RetryBackoffMax caps retry delays. Defaults to 10s.
 	RetryBackoffMax time.Duration `yaml:"retry_backoff_max"`
+	// StoreHold bounds how long a delivery is retried in place while
+	// Postgres is unreachable before it goes back to the queue. Keep it
+	// under RabbitMQ's consumer_timeout (30m by default). Defaults to 1m.
+	StoreHold time.Duration `yaml:"store_hold"`
+	// ClockSkew is how far ahead of this consumer's clock an event's time
+	// may be before it is refused as future_timestamp. Defaults to 5m.
+	ClockSkew time.Duration `yaml:"clock_skew"`
+	// Untimed is what happens to an event with no time (no occurredAt in
+	// the body, no AMQP timestamp): "reject" dead-letters it as
+	// missing_time; "accept" processes it, counts it, and leaves it outside
+	// the retention guarantee. Defaults to reject.
+	Untimed string `yaml:"untimed"`
+	// StartupTimeout bounds how long start-up waits for PostgreSQL and
+	// RabbitMQ to come up before it gives up and exits. Defaults to 2m.
+	StartupTimeout time.Duration `yaml:"startup_timeout"`
 }
 
 // Redis tunes the fast tier.
@@ -126,6 +141,10 @@ func Default() Config {
 			DrainTimeout:        30 * time.Second,
 			RetryBackoffMin:     200 * time.Millisecond,
 			RetryBackoffMax:     10 * time.Second,
+			StoreHold:           time.Minute,
+			ClockSkew:           5 * time.Minute,
+			Untimed:             "reject",
+			StartupTimeout:      2 * time.Minute,
 		},
 		Redis: Redis{
 			Enabled:                 true,
@@ -142,9 +161,10 @@ func Default() Config {
 }
 
 // Load returns the defaults overlaid with the YAML file at path (if path is
-// not empty) and then with the environment, validated. Warnings about
-// risky but legal settings go to log.
-func Load(path string, getenv func(string) string, log *slog.Logger) (Config, error) {
+// not empty) and then with the environment (environ, as os.Environ returns
+// it), validated. An IDEM_* variable that names no setting is an error, like
+// an unknown YAML key. Warnings about risky but legal settings go to log.
+func Load(path string, environ []string, log *slog.Logger) (Config, error) {
 	cfg := Default()
 	if path != "" {
 		b, err := os.ReadFile(path)
@@ -155,7 +175,7 @@ func Load(path string, getenv func(string) string, log *slog.Logger) (Config, er
 			return cfg, fmt.Errorf("config %s: %w", path, err)
 		}
 	}
-	if err := applyEnv(&cfg, getenv); err != nil {
+	if err := applyEnv(&cfg, environ); err != nil {
 		return cfg, err
 	}
 	if cfg.Postgres.MaxConns == 0 {

@@ -17,7 +17,11 @@ func load(t *testing.T, yaml string, env map[string]string) (Config, error) {
 		path = filepath.Join(t.TempDir(), "idem.yaml")
 		require.NoError(t, os.WriteFile(path, []byte(yaml), 0o644))
 	}
-	return Load(path, func(k string) string { return env[k] }, slog.New(slog.DiscardHandler))
+	var environ []string
+	for k, v := range env {
+		environ = append(environ, k+"="+v)
+	}
+	return Load(path, environ, slog.New(slog.DiscardHandler))
 }
 
 func TestDefaultsAreValid(t *testing.T) {
@@ -55,6 +59,27 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"prefix with colon", "redis:\n  prefix: a:b\n", nil, "redis.prefix"},
 		{"redis timeout not below handler timeout", "redis:\n  timeout: 20s\n", nil, "redis.timeout"},
 		{"log level", "log_level: loud\n", nil, "log_level"},
+		// Values that used to be accepted and could not work.
+		{"prefetch past 16 bits", "consumer:\n  prefetch: 65536\n", nil, "consumer.prefetch: 65536 is out of range; want 1 to 65535"},
+		{"prefetch wrapping to 1", "", map[string]string{"IDEM_CONSUMER_PREFETCH": "65537"}, "consumer.prefetch: 65537 is out of range"},
+		{"redis timeout 1ns", "redis:\n  timeout: 1ns\n", nil, "redis.timeout: 1ns is out of range; want 1ms to 10s"},
+		{"drain timeout 1ns", "", map[string]string{"IDEM_CONSUMER_DRAIN_TIMEOUT": "1ns"}, "consumer.drain_timeout: 1ns is out of range"},
+		{"breaker open for 10000h", "redis:\n  breaker_open_timeout: 10000h\n", nil, "redis.breaker_open_timeout: 10000h0m0s is out of range; want 100ms to 10m0s"},
+		{"a million workers", "consumer:\n  workers: 1000000\n", nil, "consumer.workers: 1000000 is out of range; want 1 to 1024"},
+		{"store hold past the broker's ack timeout", "consumer:\n  store_hold: 1h\n", nil, "consumer.store_hold"},
+		{"untimed policy", "consumer:\n  untimed: maybe\n", nil, `consumer.untimed: "maybe" is not a policy; want reject or accept`},
+		{"retention under an hour", "postgres:\n  retention: 1m\n", nil, "postgres.retention"},
+		{"huge integer", "", map[string]string{"IDEM_CONSUMER_WORKERS": "99999999999999999999"}, `consumer.workers (from IDEM_CONSUMER_WORKERS): "99999999999999999999" is not a whole number`},
+		{"duration as a sentence", "", map[string]string{"IDEM_REDIS_LEASE": "30"}, `redis.lease (from IDEM_REDIS_LEASE): "30" is not a duration; write one such as 250ms`},
+		{"bool as a sentence", "", map[string]string{"IDEM_REDIS_ENABLED": "yes please"}, `"yes please" is not a boolean; write true or false`},
+		// A misspelt variable is refused like a misspelt key.
+		{"misspelt env var", "", map[string]string{"IDEM_CONSUMER_WORKER": "4"}, "IDEM_CONSUMER_WORKER names no setting"},
+		{"misspelt nested env var", "", map[string]string{"IDEM_REDIS_DONETTL": "1h"}, "IDEM_REDIS_DONETTL names no setting"},
+		// URLs go through their libraries' parsers at start.
+		{"http scheme", "", map[string]string{"AMQP_URL": "http://guest:guest@127.0.0.1:5672/"}, "amqp_url: cannot be parsed as an AMQP URL"},
+		{"bad amqp port", "", map[string]string{"AMQP_URL": "amqp://guest:guest@127.0.0.1:port/"}, "amqp_url"},
+		{"bad redis url", "", map[string]string{"REDIS_URL": "redis://127.0.0.1:6379/notadb"}, "redis_url"},
+		{"bad database url", "", map[string]string{"DATABASE_URL": "postgres://a:b@h:notaport/db"}, "database_url"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -62,6 +87,25 @@ func TestErrorsNameTheField(t *testing.T) {
 			require.ErrorContains(t, err, c.want)
 		})
 	}
+}
+
+func TestStrconvTextNeverReachesTheUser(t *testing.T) {
+	for _, env := range []map[string]string{
+		{"IDEM_CONSUMER_WORKERS": "many"},
+		{"IDEM_CONSUMER_WORKERS": "99999999999999999999"},
+		{"IDEM_REDIS_BREAKER_FAILURES": "-1"},
+		{"IDEM_REDIS_ENABLED": "maybe"},
+	} {
+		_, err := load(t, "", env)
+		require.Error(t, err)
+		require.NotContains(t, err.Error(), "strconv")
+		require.NotContains(t, err.Error(), "invalid syntax")
+	}
+}
+
+func TestTestHooksAreNotUnknownVariables(t *testing.T) {
+	_, err := load(t, "", map[string]string{"IDEM_CRASH_AT": "after_commit", "IDEM_CHAOS_SEED": "7", "NOT_IDEM_X": "1"})
+	require.NoError(t, err)
 }
 
 func TestWarnsOnLeaseShorterThanHandlerTimeout(t *testing.T) {
@@ -84,7 +128,7 @@ func TestEveryFieldHasAnEnvVar(t *testing.T) {
 
 // The example file documents every setting with its default: keep it true.
 func TestExampleFileMatchesDefaults(t *testing.T) {
-	cfg, err := Load("../../idem.example.yaml", func(string) string { return "" }, slog.New(slog.DiscardHandler))
+	cfg, err := Load("../../idem.example.yaml", nil, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	want := Default()
 	want.Postgres.MaxConns = int32(want.Consumer.Workers + 4)

@@ -2,7 +2,10 @@ package config
 
 import (
 	"fmt"
+	"maps"
+	"math"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -76,18 +79,38 @@ func flatten(m map[string]any, prefix string, out map[string]any) {
 	}
 }
 
-func applyEnv(c *Config, getenv func(string) string) error {
+// OtherVariables are IDEM_* variables that are not settings: the crash-point
+// and chaos test hooks. Every other IDEM_* variable must name a setting.
+var OtherVariables = []string{"IDEM_CRASH_AT", "IDEM_CRASH_AFTER", "IDEM_CHAOS_SEED"}
+
+func applyEnv(c *Config, environ []string) error {
+	vars := map[string]string{}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			vars[k] = v
+		}
+	}
+	known := map[string]bool{}
 	var err error
 	walk(reflect.ValueOf(c).Elem(), "", func(path, env string, v reflect.Value) {
-		s := getenv(env)
+		known[env] = true
+		s := vars[env]
 		if s == "" || err != nil {
 			return
 		}
 		if e := set(v, s); e != nil {
-			err = fmt.Errorf("config: %s (from %s=%q): %w", path, env, s, e)
+			err = fmt.Errorf("config: %s (from %s): %w", path, env, e)
 		}
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	for _, k := range slices.Sorted(maps.Keys(vars)) {
+		if strings.HasPrefix(k, "IDEM_") && !known[k] && !slices.Contains(OtherVariables, k) {
+			return fmt.Errorf("config: %s names no setting (a misspelling?); 'idem config' lists every variable", k)
+		}
+	}
+	return nil
 }
 
 // walk calls fn for every leaf field of v with its yaml path and env name.
@@ -114,11 +137,13 @@ func walk(v reflect.Value, prefix string, fn func(path, env string, v reflect.Va
 
 var durationType = reflect.TypeFor[time.Duration]()
 
+// set parses s into v. Its errors are sentences that quote the value, not
+// strconv's own text.
 func set(v reflect.Value, s string) error {
 	if v.Type() == durationType {
 		d, err := time.ParseDuration(s)
 		if err != nil {
-			return err
+			return fmt.Errorf("%q is not a duration; write one such as 250ms, 5s, 10m or 720h", s)
 		}
 		v.SetInt(int64(d))
 		return nil
@@ -129,21 +154,26 @@ func set(v reflect.Value, s string) error {
 	case reflect.Bool:
 		b, err := strconv.ParseBool(s)
 		if err != nil {
-			return err
+			return fmt.Errorf("%q is not a boolean; write true or false", s)
 		}
 		v.SetBool(b)
-	case reflect.Int, reflect.Int32, reflect.Int64:
-		n, err := strconv.ParseInt(s, 10, v.Type().Bits())
+	case reflect.Int, reflect.Int32, reflect.Int64, reflect.Uint32:
+		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
-			return err
+			return fmt.Errorf("%q is not a whole number", s)
 		}
-		v.SetInt(n)
-	case reflect.Uint32:
-		n, err := strconv.ParseUint(s, 10, 32)
-		if err != nil {
-			return err
+		lo, hi := int64(math.MinInt32), int64(math.MaxInt32)
+		if v.Kind() == reflect.Uint32 {
+			lo, hi = 0, math.MaxUint32
 		}
-		v.SetUint(n)
+		if n < lo || n > hi {
+			return fmt.Errorf("%d is far out of range", n)
+		}
+		if v.Kind() == reflect.Uint32 {
+			v.SetUint(uint64(n))
+		} else {
+			v.SetInt(n)
+		}
 	default:
 		return fmt.Errorf("unsupported type %s", v.Type())
 	}

@@ -6,6 +6,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -22,58 +26,95 @@ func (c Config) Validate() error {
 	if c.Redis.Enabled && c.RedisURL == "" {
 		return bad("redis_url", "must not be empty while redis.enabled is true")
 	}
+	// Each URL through its client library's own parser, so that a typo
+	// stops the start instead of a reconnect loop. (Their errors may quote
+	// the URL; the command's output is redacted.)
+	if _, err := amqp.ParseURI(c.AMQPURL); err != nil {
+		return bad("amqp_url", "cannot be parsed as an AMQP URL (amqp://user:password@host:5672/vhost): %v", err)
+	}
+	if c.Redis.Enabled {
+		if _, err := redis.ParseURL(c.RedisURL); err != nil {
+			return bad("redis_url", "cannot be parsed as a Redis URL (redis://[:password@]host:6379/db): %v", err)
+		}
+	}
+	if _, err := pgxpool.ParseConfig(c.DatabaseURL); err != nil {
+		return bad("database_url", "cannot be parsed as a PostgreSQL URL or DSN: %v", err)
+	}
 	if err := guard.ValidateScope(c.Scope); err != nil {
 		return bad("scope", "%v", err)
 	}
 	if _, err := ParseLevel(c.LogLevel); err != nil {
 		return bad("log_level", "%v", err)
 	}
-	positive := []struct {
-		field string
-		v     int64
+	ints := []struct {
+		field  string
+		v      int64
+		lo, hi int64
+		why    string
 	}{
-		{"consumer.prefetch", int64(c.Consumer.Prefetch)},
-		{"consumer.workers", int64(c.Consumer.Workers)},
-		{"consumer.delivery_limit", int64(c.Consumer.DeliveryLimit)},
-		{"consumer.handler_timeout", int64(c.Consumer.HandlerTimeout)},
-		{"consumer.drain_timeout", int64(c.Consumer.DrainTimeout)},
-		{"consumer.retry_backoff_min", int64(c.Consumer.RetryBackoffMin)},
-		{"postgres.retention", int64(c.Postgres.Retention)},
-		{"postgres.max_conns", int64(c.Postgres.MaxConns)},
+		{"consumer.prefetch", int64(c.Consumer.Prefetch), 1, 65535, " (AMQP carries it in 16 bits)"},
+		{"consumer.workers", int64(c.Consumer.Workers), 1, 1024, ""},
+		{"consumer.delivery_limit", int64(c.Consumer.DeliveryLimit), 1, 1000, ""},
+		{"consumer.broker_delivery_limit", int64(c.Consumer.BrokerDeliveryLimit), 1, 10000, ""},
+		{"postgres.max_conns", int64(c.Postgres.MaxConns), 1, 1000, ""},
+		{"redis.breaker_failures", int64(c.Redis.BreakerFailures), 1, 1000, ""},
+		{"redis.breaker_half_open_requests", int64(c.Redis.BreakerHalfOpenRequests), 1, 100, ""},
 	}
-	if c.Redis.Enabled {
-		positive = append(positive, []struct {
-			field string
-			v     int64
-		}{
-			{"redis.lease", int64(c.Redis.Lease)},
-			{"redis.done_ttl", int64(c.Redis.DoneTTL)},
-			{"redis.timeout", int64(c.Redis.Timeout)},
-			{"redis.breaker_failures", int64(c.Redis.BreakerFailures)},
-			{"redis.breaker_open_timeout", int64(c.Redis.BreakerOpenTimeout)},
-			{"redis.breaker_half_open_requests", int64(c.Redis.BreakerHalfOpenRequests)},
-		}...)
-	}
-	for _, p := range positive {
-		if p.v <= 0 {
-			return bad(p.field, "must be positive")
+	for _, r := range ints {
+		if r.v < r.lo || r.v > r.hi {
+			return bad(r.field, "%d is out of range; want %d to %d%s", r.v, r.lo, r.hi, r.why)
 		}
+	}
+	const day = 24 * time.Hour
+	durations := []struct {
+		field  string
+		v      time.Duration
+		lo, hi time.Duration
+	}{
+		{"consumer.handler_timeout", c.Consumer.HandlerTimeout, 10 * time.Millisecond, time.Hour},
+		{"consumer.drain_timeout", c.Consumer.DrainTimeout, 100 * time.Millisecond, time.Hour},
+		{"consumer.retry_backoff_min", c.Consumer.RetryBackoffMin, time.Millisecond, time.Minute},
+		{"consumer.retry_backoff_max", c.Consumer.RetryBackoffMax, time.Millisecond, time.Hour},
+		{"consumer.store_hold", c.Consumer.StoreHold, time.Second, 25 * time.Minute},
+		{"consumer.clock_skew", c.Consumer.ClockSkew, 0, day},
+		{"consumer.startup_timeout", c.Consumer.StartupTimeout, time.Second, day},
+		{"postgres.retention", c.Postgres.Retention, time.Hour, 10 * 365 * day},
+		{"redis.lease", c.Redis.Lease, 100 * time.Millisecond, day},
+		{"redis.done_ttl", c.Redis.DoneTTL, time.Second, 10 * 365 * day},
+		{"redis.timeout", c.Redis.Timeout, time.Millisecond, 10 * time.Second},
+		{"redis.breaker_open_timeout", c.Redis.BreakerOpenTimeout, 100 * time.Millisecond, 10 * time.Minute},
+	}
+	for _, r := range durations {
+		if r.v < r.lo || r.v > r.hi {
+			return bad(r.field, "%s is out of range; want %s to %s", r.v, fmtDuration(r.lo), fmtDuration(r.hi))
+		}
+	}
+	if c.Consumer.Untimed != "reject" && c.Consumer.Untimed != "accept" {
+		return bad("consumer.untimed", "%q is not a policy; want reject or accept", c.Consumer.Untimed)
 	}
 	switch {
 	case c.Consumer.BrokerDeliveryLimit < c.Consumer.DeliveryLimit:
-		return bad("consumer.broker_delivery_limit", "%d is below consumer.delivery_limit (%d): the broker would dead-letter retries the consumer still wants",
+		return bad("consumer.broker_delivery_limit", "%d is below consumer.delivery_limit (%d); the broker would dead-letter retries the consumer still wants",
 			c.Consumer.BrokerDeliveryLimit, c.Consumer.DeliveryLimit)
 	case c.Consumer.RetryBackoffMax < c.Consumer.RetryBackoffMin:
 		return bad("consumer.retry_backoff_max", "%s is below consumer.retry_backoff_min (%s)", c.Consumer.RetryBackoffMax, c.Consumer.RetryBackoffMin)
 	case c.Redis.Enabled && c.Redis.DoneTTL > c.Postgres.Retention:
-		return bad("redis.done_ttl", "%s exceeds postgres.retention (%s): Redis would vouch for events the authoritative table has forgotten",
+		return bad("redis.done_ttl", "%s exceeds postgres.retention (%s); Redis would vouch for events the authoritative table has forgotten",
 			c.Redis.DoneTTL, c.Postgres.Retention)
 	case c.Redis.Enabled && strings.Contains(c.Redis.Prefix, ":"):
 		return bad("redis.prefix", "%q may not contain ':'", c.Redis.Prefix)
 	case c.Redis.Enabled && c.Redis.Timeout >= c.Consumer.HandlerTimeout:
-		return bad("redis.timeout", "%s must be well below consumer.handler_timeout (%s): Redis is an optimisation", c.Redis.Timeout, c.Consumer.HandlerTimeout)
+		return bad("redis.timeout", "%s must be well below consumer.handler_timeout (%s), since Redis is only an optimisation", c.Redis.Timeout, c.Consumer.HandlerTimeout)
 	}
 	return nil
+}
+
+// fmtDuration prints whole days as such, so that ranges read 10d not 87600h0m0s.
+func fmtDuration(d time.Duration) string {
+	if d >= 24*time.Hour && d%(24*time.Hour) == 0 {
+		return fmt.Sprintf("%dd", d/(24*time.Hour))
+	}
+	return d.String()
 }
 
 // Warnings lists legal settings that are probably mistakes.

@@ -28,9 +28,9 @@ import (
 	"github.com/idemhq/idem/internal/crashpoint"
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/loadgen"
+	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/verify"
-	"github.com/idemhq/idem/migrations"
 	"github.com/idemhq/idem/pkg/consumer"
 )
 
@@ -324,7 +324,7 @@ func (p *passRun) schema(ctx context.Context) (func(), error) {
 		drop()
 		return nil, err
 	}
-	if _, err := migrations.Apply(ctx, p.pool); err != nil {
+	if _, err := payments.Migrate(ctx, p.pool); err != nil {
 		drop()
 		return nil, err
 	}

@@ -9,8 +9,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
@@ -25,73 +30,190 @@ const MaxUserIDLen = 128
 // Dead-letter reasons for bad input.
 const (
 	ReasonInvalidJSON    = "invalid_json"
+	ReasonInvalidUTF8    = "invalid_utf8"
+	ReasonDuplicateKey   = "duplicate_key"
+	ReasonUnknownField   = "unknown_field"
+	ReasonNULCharacter   = "nul_character"
 	ReasonInvalidEventID = "invalid_event_id"
 	ReasonInvalidField   = "invalid_field"
 	ReasonUnknownType    = "unknown_type"
 )
 
-// Event is the message body: {"eventId","userId","type","amount"}.
+// Event is the message body:
+//
+//	{"eventId","userId","type","amount"[,"occurredAt"]}
+//
+// occurredAt, when the producer sends it, is an RFC 3339 time and is the
+// event's time of record (see consumer.Config.Retention).
 type Event struct {
-	EventID string `json:"eventId"`
-	UserID  string `json:"userId"`
-	Type    string `json:"type"`
-	Amount  int64  `json:"amount"`
+	EventID    string    `json:"eventId"`
+	UserID     string    `json:"userId"`
+	Type       string    `json:"type"`
+	Amount     int64     `json:"amount"`
+	OccurredAt time.Time `json:"occurredAt,omitzero"`
 }
 
-// wire is Event as decoded, with fields that can be absent or mistyped left
-// raw so that each mistake gets its own message.
-type wire struct {
-	EventID *string          `json:"eventId"`
-	UserID  *string          `json:"userId"`
-	Type    *string          `json:"type"`
-	Amount  *json.RawMessage `json:"amount"`
-}
+// knownFields are the body's keys, spelled exactly so. Any other key is
+// refused rather than ignored: a field the handler does not apply (a
+// currency, say) may change what the payment means, and a payload hash that
+// left it out would drop a changed re-send as a duplicate.
+var knownFields = []string{"eventId", "userId", "type", "amount", "occurredAt"}
 
-// Decode parses and validates a message body. Every error is a
+// Decode parses and validates a message body strictly, so that two different
+// bodies are never read as the same event: the body must be one JSON object
+// of valid UTF-8 with each known key exactly once, no other keys, no trailing
+// data, and no NUL or invalid escapes in its strings. Every error is a
 // consumer.Reject with one of the Reason constants.
 func Decode(body []byte) (Event, error) {
-	var w wire
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(&w); err != nil {
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) && typeErr.Field != "" {
-			return Event{}, fieldErr(typeErr.Field, "want a %s, got %s", typeErr.Type, typeErr.Value)
-		}
-		return Event{}, consumer.Reject(ReasonInvalidJSON, err)
+	if !utf8.Valid(body) {
+		return Event{}, consumer.Reject(ReasonInvalidUTF8, fmt.Errorf("body is not valid UTF-8 (first bad byte at %d)", firstInvalidUTF8(body)))
 	}
-	if dec.More() {
-		return Event{}, consumer.Reject(ReasonInvalidJSON, errors.New("trailing data after the JSON object"))
+	fields, err := objectFields(body)
+	if err != nil {
+		return Event{}, err
 	}
-	if w.EventID == nil {
+	id, err := stringField(fields, "eventId")
+	if err != nil {
+		return Event{}, err
+	}
+	if id == nil {
 		return Event{}, consumer.Reject(ReasonInvalidEventID, errors.New("eventId is missing"))
 	}
-	if err := guard.ValidateID(*w.EventID); err != nil {
+	if err := guard.ValidateID(*id); err != nil {
 		return Event{}, consumer.Reject(ReasonInvalidEventID, err)
 	}
-	ev := Event{EventID: *w.EventID}
-	if w.UserID == nil || *w.UserID == "" {
+	ev := Event{EventID: *id}
+
+	user, err := stringField(fields, "userId")
+	switch {
+	case err != nil:
+		return Event{}, err
+	case user == nil || *user == "":
 		return Event{}, fieldErr("userId", "missing or empty")
+	case len(*user) > MaxUserIDLen:
+		return Event{}, fieldErr("userId", "%d bytes, limit %d", len(*user), MaxUserIDLen)
+	case strings.IndexFunc(*user, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0:
+		return Event{}, fieldErr("userId", "has an unprintable character")
 	}
-	if len(*w.UserID) > MaxUserIDLen {
-		return Event{}, fieldErr("userId", "%d bytes, limit %d", len(*w.UserID), MaxUserIDLen)
-	}
-	ev.UserID = *w.UserID
-	if w.Type == nil {
+	ev.UserID = *user
+
+	typ, err := stringField(fields, "type")
+	switch {
+	case err != nil:
+		return Event{}, err
+	case typ == nil:
 		return Event{}, fieldErr("type", "missing")
+	case *typ != TypePaymentCompleted:
+		return Event{}, consumer.Reject(ReasonUnknownType, fmt.Errorf("type %q is not %s", *typ, TypePaymentCompleted))
 	}
-	if *w.Type != TypePaymentCompleted {
-		return Event{}, consumer.Reject(ReasonUnknownType, fmt.Errorf("type %q is not %s", *w.Type, TypePaymentCompleted))
-	}
-	ev.Type = *w.Type
-	if w.Amount == nil {
+	ev.Type = *typ
+
+	raw, ok := fields["amount"]
+	if !ok || string(raw) == "null" {
 		return Event{}, fieldErr("amount", "missing")
 	}
-	amount, err := parseAmount(*w.Amount)
-	if err != nil {
+	if ev.Amount, err = parseAmount(raw); err != nil {
 		return Event{}, fieldErr("amount", "%v", err)
 	}
-	ev.Amount = amount
+
+	at, err := stringField(fields, "occurredAt")
+	if err != nil {
+		return Event{}, err
+	}
+	if at != nil {
+		t, err := time.Parse(time.RFC3339Nano, *at)
+		if err != nil {
+			return Event{}, fieldErr("occurredAt", "want an RFC 3339 time such as 2026-11-30T12:00:00Z, got %q", *at)
+		}
+		ev.OccurredAt = t.UTC()
+	}
 	return ev, nil
+}
+
+// objectFields splits body, one JSON object, into its raw values by key,
+// refusing duplicate, unknown and wrong-case keys and trailing data.
+func objectFields(body []byte) (map[string]json.RawMessage, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		if err == nil {
+			err = errors.New("want a JSON object")
+		}
+		return nil, consumer.Reject(ReasonInvalidJSON, err)
+	}
+	fields := make(map[string]json.RawMessage, len(knownFields))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, consumer.Reject(ReasonInvalidJSON, err)
+		}
+		key, _ := tok.(string) // inside an object, a token before a value is a key
+		if _, dup := fields[key]; dup {
+			return nil, consumer.Reject(ReasonDuplicateKey, fmt.Errorf("key %q appears more than once", key))
+		}
+		if !slices.Contains(knownFields, key) {
+			return nil, consumer.Reject(ReasonUnknownField, unknownFieldErr(key))
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, consumer.Reject(ReasonInvalidJSON, err)
+		}
+		fields[key] = raw
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return nil, consumer.Reject(ReasonInvalidJSON, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, consumer.Reject(ReasonInvalidJSON, errors.New("trailing data after the JSON object"))
+	}
+	return fields, nil
+}
+
+func unknownFieldErr(key string) error {
+	for _, k := range knownFields {
+		if strings.EqualFold(k, key) {
+			return fmt.Errorf("unknown key %q (keys are case-sensitive: did you mean %q?)", key, k)
+		}
+	}
+	return fmt.Errorf("unknown key %q (want only %s)", key, strings.Join(knownFields, ", "))
+}
+
+// stringField returns the string at key, nil if absent or null. A NUL or a
+// U+FFFD (what encoding/json makes of an invalid \u escape) is refused, so
+// that distinct inputs never decode to one string.
+func stringField(fields map[string]json.RawMessage, key string) (*string, error) {
+	raw, ok := fields[key]
+	if !ok || string(raw) == "null" {
+		return nil, nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, fieldErr(key, "want a string, got %s", truncate(string(raw), 40))
+	}
+	if i := strings.IndexByte(s, 0); i >= 0 {
+		return nil, consumer.Reject(ReasonNULCharacter, fmt.Errorf("%s: NUL character at byte %d", key, i))
+	}
+	if strings.ContainsRune(s, utf8.RuneError) {
+		return nil, consumer.Reject(ReasonInvalidUTF8, fmt.Errorf("%s: invalid \\u escape (lone surrogate) or U+FFFD", key))
+	}
+	return &s, nil
+}
+
+func firstInvalidUTF8(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return i
+		}
+		i += n
+	}
+	return -1
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // parseAmount accepts a JSON integer in [1, 2^53): minor units (cents), so
@@ -117,9 +239,14 @@ func fieldErr(field, format string, args ...any) error {
 }
 
 // Hash fingerprints the event's content independently of JSON formatting and
-// key order, so a re-send is a duplicate and a changed payload a conflict.
+// key order, so a re-send is a duplicate and a changed payload a conflict. It
+// covers every field Decode accepts.
 func (e Event) Hash() []byte {
-	return guard.HashFields(e.EventID, e.UserID, e.Type, strconv.FormatInt(e.Amount, 10))
+	fields := []string{e.EventID, e.UserID, e.Type, strconv.FormatInt(e.Amount, 10)}
+	if !e.OccurredAt.IsZero() { // absent, the hash is what it was before occurredAt existed
+		fields = append(fields, e.OccurredAt.UTC().Format(time.RFC3339Nano))
+	}
+	return guard.HashFields(fields...)
 }
 
 // Marshal encodes the event as a message body.

@@ -15,13 +15,14 @@ type Handler struct{}
 
 var _ consumer.Handler[Event] = Handler{}
 
-// Decode implements consumer.Handler.
-func (Handler) Decode(body []byte) (guard.Event, Event, error) {
-	ev, err := Decode(body)
+// Decode implements consumer.Handler. The event's time is its occurredAt;
+// without one the consumer uses the AMQP timestamp.
+func (Handler) Decode(m consumer.Message) (guard.Event, Event, error) {
+	ev, err := Decode(m.Body)
 	if err != nil {
 		return guard.Event{}, Event{}, err
 	}
-	return guard.Event{ID: ev.EventID, Hash: ev.Hash()}, ev, nil
+	return guard.Event{ID: ev.EventID, Hash: ev.Hash(), Time: ev.OccurredAt}, ev, nil
 }
 
 // Apply appends the payment to the ledger and adds it to the balance, both

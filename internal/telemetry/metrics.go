@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -22,12 +24,13 @@ type Metrics struct {
 	mu       sync.Mutex
 	outcomes map[[2]string]int64 // {outcome, reason}
 	breaker  map[[2]string]int64 // {from, to}
+	counts   map[string]int64    // consumer.Counter* names
 	state    string
 }
 
 // New returns empty counters.
 func New() *Metrics {
-	m := &Metrics{outcomes: map[[2]string]int64{}, breaker: map[[2]string]int64{}, state: "closed"}
+	m := &Metrics{outcomes: map[[2]string]int64{}, breaker: map[[2]string]int64{}, counts: map[string]int64{}, state: "closed"}
 	for _, o := range guard.Outcomes() {
 		m.outcomes[[2]string{o.String(), ""}] = 0
 	}
@@ -41,6 +44,13 @@ func (m *Metrics) Outcome(o guard.Outcome, reason string) {
 	m.mu.Unlock()
 }
 
+// Count counts one occurrence of a named event (a consumer.Counter*).
+func (m *Metrics) Count(name string) {
+	m.mu.Lock()
+	m.counts[name]++
+	m.mu.Unlock()
+}
+
 // BreakerChange counts one circuit breaker transition.
 func (m *Metrics) BreakerChange(from, to string) {
 	m.mu.Lock()
@@ -50,7 +60,7 @@ func (m *Metrics) BreakerChange(from, to string) {
 }
 
 // Snapshot returns counts keyed "outcome" (the total over reasons),
-// "outcome/reason" and "breaker/from->to".
+// "outcome/reason", "breaker/from->to" and "count/name".
 func (m *Metrics) Snapshot() map[string]int64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -63,6 +73,9 @@ func (m *Metrics) Snapshot() map[string]int64 {
 	}
 	for k, v := range m.breaker {
 		out["breaker/"+k[0]+"->"+k[1]] += v
+	}
+	for k, v := range m.counts {
+		out["count/"+k] = v
 	}
 	return out
 }
@@ -96,6 +109,9 @@ func (m *Metrics) WriteProm(w io.Writer) {
 	for _, k := range sortedKeys(m.breaker) {
 		fmt.Fprintf(w, "idem_breaker_transitions_total{from=%q,to=%q} %d\n", k[0], k[1], m.breaker[k])
 	}
+	for _, name := range slices.Sorted(maps.Keys(m.counts)) {
+		fmt.Fprintf(w, "# TYPE idem_%s_total counter\nidem_%s_total %d\n", name, name, m.counts[name])
+	}
 	fmt.Fprintln(w, "# HELP idem_breaker_open Whether the Redis circuit breaker is open (1) or not (0).")
 	fmt.Fprintln(w, "# TYPE idem_breaker_open gauge")
 	open := 0
@@ -119,12 +135,18 @@ func sortedKeys(m map[[2]string]int64) [][2]string {
 	return keys
 }
 
-// Serve serves /metrics on addr until ctx ends.
-func (m *Metrics) Serve(ctx context.Context, addr string) error {
+// Listen binds addr for Serve, so that a bad or taken address is an error
+// at start rather than a log line later.
+func Listen(addr string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("metrics: %w", err)
+		return nil, fmt.Errorf("metrics_addr %q: %w", addr, err)
 	}
+	return ln, nil
+}
+
+// Serve serves /metrics on ln until ctx ends.
+func (m *Metrics) Serve(ctx context.Context, ln net.Listener) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")

@@ -18,8 +18,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/config"
+	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/sandbox"
-	"github.com/idemhq/idem/migrations"
 )
 
 // URLs of the shared services, from the environment or the local defaults.
@@ -79,7 +79,7 @@ func SchemaOn(t testing.TB, dbURL string) (*pgxpool.Pool, string) {
 		t.Fatalf("testenv: pool: %v", err)
 	}
 	t.Cleanup(pool.Close)
-	if _, err := migrations.Apply(ctx, pool); err != nil {
+	if _, err := payments.Migrate(ctx, pool); err != nil {
 		t.Fatalf("testenv: migrate: %v", err)
 	}
 	return pool, u

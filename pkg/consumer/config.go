@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -20,6 +22,33 @@ const (
 	DefaultHandlerTimeout      = 10 * time.Second
 	DefaultDrainTimeout        = 30 * time.Second
 	DefaultConfirmTimeout      = 10 * time.Second
+	DefaultStoreHold           = time.Minute
+	DefaultClockSkew           = 5 * time.Minute
+	DefaultStartupTimeout      = 2 * time.Minute
+)
+
+// UntimedPolicy says what the consumer does with an event that carries no
+// time, while Config.Retention is set.
+type UntimedPolicy string
+
+const (
+	// UntimedReject dead-letters it as ReasonMissingTime: its age cannot be
+	// checked, so it could be a replay of an event whose dedup row was
+	// pruned. The default.
+	UntimedReject UntimedPolicy = "reject"
+	// UntimedAccept processes it and counts it (CounterUntimedAccepted).
+	// Such events are outside the retention guarantee.
+	UntimedAccept UntimedPolicy = "accept"
+)
+
+// Counters passed to Config.OnCount.
+const (
+	// CounterStoreRetry counts attempts retried in place because Postgres
+	// was unreachable (the delivery is held, its budget untouched).
+	CounterStoreRetry = "store_retries_in_place"
+	// CounterUntimedAccepted counts events processed without a time under
+	// UntimedAccept.
+	CounterUntimedAccepted = "untimed_accepted"
 )
 
 // Default backoffs for Config.
@@ -54,10 +83,28 @@ type Config struct {
 	// Defaults to DefaultHandlerTimeout.
 	HandlerTimeout time.Duration
 	// Retention, if positive, refuses (dead-letters as ReasonBeyondRetention)
-	// a message whose publish timestamp is that old or older: its dedup row
-	// may have been pruned, so processing it could apply it twice. Set it to
-	// the store's retention. Zero disables the check.
+	// an event whose time is that old or older: its dedup row may have been
+	// pruned, so processing it could apply it twice. The event's time is
+	// guard.Event.Time from Decode (the producer's payload), else the AMQP
+	// timestamp; never this consumer's clock or a header. Set it to the
+	// store's retention. Zero disables every time check.
 	Retention time.Duration
+	// NotBefore, if set, refuses events older than it as
+	// ReasonBeyondRetention too: rows before it were pruned (see
+	// pgtier.Store.EnforceRetention).
+	NotBefore time.Time
+	// ClockSkew is how far in the future an event's time may be before it
+	// is refused as ReasonFutureTimestamp (a future time would keep a
+	// replay inside the horizon forever). Defaults to DefaultClockSkew.
+	ClockSkew time.Duration
+	// Untimed is what happens to an event with no time while Retention is
+	// set. Defaults to UntimedReject.
+	Untimed UntimedPolicy
+	// StoreHold bounds how long a delivery is held and retried in place
+	// while Postgres is unreachable; after it the delivery goes back to the
+	// queue (RequeueStoreUnavailable). Keep it well under RabbitMQ's
+	// consumer_timeout. Defaults to DefaultStoreHold.
+	StoreHold time.Duration
 	// RetryBackoff spaces a failing handler's attempts, and in-place retries
 	// while Postgres is unreachable. Defaults to DefaultRetryBackoff.
 	RetryBackoff Backoff
@@ -67,6 +114,10 @@ type Config struct {
 	// DrainTimeout is how long in-flight work may run after shutdown
 	// begins before it is rolled back. Defaults to DefaultDrainTimeout.
 	DrainTimeout time.Duration
+	// StartupTimeout bounds how long Run retries before its first session
+	// consumes; after it Run returns the last error. Later outages are
+	// retried for as long as they last. Defaults to DefaultStartupTimeout.
+	StartupTimeout time.Duration
 	// ConfirmTimeout bounds the wait for a dead-letter publisher confirm.
 	// Defaults to DefaultConfirmTimeout.
 	ConfirmTimeout time.Duration
@@ -75,6 +126,9 @@ type Config struct {
 	// OnOutcome, if set, is called once per delivery with its outcome and,
 	// for OutcomeDeadLettered and OutcomeRetry, the reason. For metrics.
 	OnOutcome func(o guard.Outcome, reason string)
+	// OnCount, if set, is called with a Counter* name each time that event
+	// happens. For metrics.
+	OnCount func(counter string)
 	// Logger receives the consumer's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -113,6 +167,21 @@ func (c *Config) setDefaults() {
 	if c.ConfirmTimeout == 0 {
 		c.ConfirmTimeout = DefaultConfirmTimeout
 	}
+	if c.StartupTimeout == 0 {
+		c.StartupTimeout = DefaultStartupTimeout
+	}
+	if c.StoreHold == 0 {
+		c.StoreHold = DefaultStoreHold
+	}
+	if c.ClockSkew == 0 {
+		c.ClockSkew = DefaultClockSkew
+	}
+	if c.Untimed == "" {
+		c.Untimed = UntimedReject
+	}
+	if c.OnCount == nil {
+		c.OnCount = func(string) {}
+	}
 	if c.Hook == nil {
 		c.Hook = func(context.Context, guard.Step) {}
 	}
@@ -128,6 +197,10 @@ func (c *Config) validate() error {
 	switch {
 	case c.URL == "":
 		return errors.New("consumer: URL is required")
+	case validURI(c.URL) != nil:
+		return fmt.Errorf("consumer: URL: %w", validURI(c.URL))
+	case c.StartupTimeout <= 0:
+		return fmt.Errorf("consumer: StartupTimeout must be positive, got %s", c.StartupTimeout)
 	case c.Queue == "":
 		return errors.New("consumer: Queue is required")
 	case c.Prefetch < 1:
@@ -146,6 +219,14 @@ func (c *Config) validate() error {
 		return fmt.Errorf("consumer: DrainTimeout must be positive, got %s", c.DrainTimeout)
 	case c.ConfirmTimeout <= 0:
 		return fmt.Errorf("consumer: ConfirmTimeout must be positive, got %s", c.ConfirmTimeout)
+	case c.StoreHold <= 0:
+		return fmt.Errorf("consumer: StoreHold must be positive, got %s", c.StoreHold)
+	case c.ClockSkew < 0:
+		return fmt.Errorf("consumer: ClockSkew must not be negative, got %s", c.ClockSkew)
+	case c.Untimed != UntimedReject && c.Untimed != UntimedAccept:
+		return fmt.Errorf("consumer: Untimed must be %q or %q, got %q", UntimedReject, UntimedAccept, c.Untimed)
+	case c.Prefetch > 65535:
+		return fmt.Errorf("consumer: Prefetch must be at most 65535 (AMQP sends it as 16 bits), got %d", c.Prefetch)
 	}
 	for name, b := range map[string]Backoff{"RetryBackoff": c.RetryBackoff, "ReconnectBackoff": c.ReconnectBackoff} {
 		if b.Min <= 0 || b.Max < b.Min {
@@ -153,4 +234,9 @@ func (c *Config) validate() error {
 		}
 	}
 	return nil
+}
+
+func validURI(u string) error {
+	_, err := amqp.ParseURI(u)
+	return err
 }

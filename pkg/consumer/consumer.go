@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -19,6 +20,7 @@ type Consumer[T any] struct {
 	guard    *guard.Guard
 	handler  Handler[T]
 	topology Topology
+	consumed atomic.Bool // a session reached Consume: start-up is over
 }
 
 // New returns a Consumer, or an error naming the bad Config field.
@@ -43,16 +45,21 @@ func (c *Consumer[T]) Topology() Topology { return c.topology }
 // closes. It returns nil after a clean drain.
 func (c *Consumer[T]) Run(ctx context.Context) error {
 	log := c.cfg.Logger
+	began := time.Now()
 	for attempt := 1; ; attempt++ {
 		started := time.Now()
 		err := c.session(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if isBadTopology(err) {
-			// The queue exists with other arguments: retrying cannot help,
-			// and a fleet member spinning on it would hide the mistake.
+		if isBadTopology(err) || isRefused(err) {
+			// The queue exists with other arguments, or the broker refused
+			// our credentials or vhost: retrying cannot help, and a fleet
+			// member spinning on it would hide the mistake.
 			return err
+		}
+		if !c.consumed.Load() && time.Since(began) >= c.cfg.StartupTimeout {
+			return fmt.Errorf("RabbitMQ not usable within startup_timeout (%s): %w", c.cfg.StartupTimeout, err)
 		}
 		if time.Since(started) > c.cfg.ReconnectBackoff.Max {
 			attempt = 1 // the session was healthy for a while: start over
@@ -82,6 +89,9 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		return fmt.Errorf("open publish channel: %w", err)
 	}
 	pubClosed := pub.NotifyClose(make(chan *amqp.Error, 1))
+	// Buffered beyond the one publish in flight, so a late return of a
+	// timed-out publish never blocks the library's reader.
+	returns := pub.NotifyReturn(make(chan amqp.Return, 16))
 	if err := pub.Confirm(false); err != nil {
 		return fmt.Errorf("enable publisher confirms: %w", err)
 	}
@@ -102,6 +112,7 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consume %q: %w", c.cfg.Queue, err)
 	}
+	c.consumed.Store(true)
 	c.cfg.Logger.Info("consuming", "queue", c.cfg.Queue, "prefetch", c.cfg.Prefetch, "workers", c.cfg.Workers)
 
 	// In-flight work outlives ctx by up to DrainTimeout, so that SIGTERM
@@ -111,7 +122,7 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	// stop ends backoff waits as soon as shutdown begins or the session fails.
 	stop, stopWaits := context.WithCancel(ctx)
 	defer stopWaits()
-	w := &worker[T]{c: c, pub: pub, stop: stop}
+	w := &worker[T]{c: c, dl: &deadLetterer{pub: pub, returns: returns}, stop: stop}
 	var wg sync.WaitGroup
 	for range c.cfg.Workers {
 		wg.Go(func() {
@@ -178,6 +189,14 @@ type declareError struct{ err error }
 
 func (e *declareError) Error() string { return e.err.Error() }
 func (e *declareError) Unwrap() error { return e.err }
+
+// isRefused reports a connection the broker refused for a reason a retry
+// cannot fix: bad credentials (403) or a missing or forbidden vhost (530).
+func isRefused(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed) ||
+		errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrVhost) || errors.Is(err, amqp.ErrSASL)
+}
 
 // isBadTopology reports a declaration the broker refused with 406 because it
 // contradicts what exists. Other 406s (an ack timeout on a delivery held

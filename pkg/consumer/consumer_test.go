@@ -21,11 +21,15 @@ func TestBackoffDoublesWithJitterUpToMax(t *testing.T) {
 	}
 }
 
-func TestDeliveryCountReadsQuorumHeader(t *testing.T) {
+func TestDeliveryCountComesOnlyFromTheBroker(t *testing.T) {
 	require.Equal(t, 0, deliveryCount(amqp.Delivery{}))
 	require.Equal(t, 1, deliveryCount(amqp.Delivery{Redelivered: true}))
 	require.Equal(t, 3, deliveryCount(amqp.Delivery{Headers: amqp.Table{"x-delivery-count": int64(3)}, Redelivered: true}))
-	require.Equal(t, 2, deliveryCount(amqp.Delivery{Headers: amqp.Table{"x-delivery-count": int32(2)}}))
+	// A publisher-set header on a first delivery spends nothing.
+	require.Equal(t, 0, deliveryCount(amqp.Delivery{Headers: amqp.Table{"x-delivery-count": int32(7)}}))
+	require.Equal(t, 0, deliveryCount(amqp.Delivery{Headers: amqp.Table{"x-delivery-count": int64(7)}}))
+	// A redelivery is at least the first redelivery.
+	require.Equal(t, 1, deliveryCount(amqp.Delivery{Headers: amqp.Table{"x-delivery-count": int64(0)}, Redelivered: true}))
 }
 
 func TestRejectCarriesReasonThroughWrapping(t *testing.T) {

@@ -3,13 +3,14 @@ package consumer
 import (
 	"context"
 	"errors"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemhq/idem/pkg/guard"
-	"github.com/idemhq/idem/pkg/guard/pgtier"
 )
 
 // Headers set on dead-lettered messages.
@@ -23,22 +24,32 @@ const (
 // maxErrorHeader bounds the error text copied into a dead letter.
 const maxErrorHeader = 1024
 
+// HeaderDeadLetterID marks each dead letter so that a basic.return can be
+// matched to its publish.
+const HeaderDeadLetterID = "x-idem-dead-letter-id"
+
 // worker handles deliveries of one session.
 type worker[T any] struct {
 	c    *Consumer[T]
-	pub  *amqp.Channel   // confirm-mode channel for dead letters
+	dl   *deadLetterer
 	stop context.Context // ends when shutdown begins or the session fails
+}
+
+// deadLetterer publishes dead letters on a confirm-mode channel, one at a
+// time: dead letters are rare, and one publish in flight lets a basic.return
+// (which the broker sends before the publish's ack) be matched to it.
+type deadLetterer struct {
+	mu      sync.Mutex
+	pub     *amqp.Channel
+	returns chan amqp.Return
+	seq     uint64
 }
 
 // handle takes one delivery to a durable outcome and acks it, or leaves it to
 // the broker (nack with requeue) when that cannot be reached now.
 func (w *worker[T]) handle(ctx context.Context, d amqp.Delivery) {
 	cfg := &w.c.cfg
-	if cfg.Retention > 0 && !d.Timestamp.IsZero() && time.Since(d.Timestamp) >= cfg.Retention {
-		w.deadLetter(ctx, d, ReasonBeyondRetention, errors.New("published longer ago than the dedup retention"))
-		return
-	}
-	ev, v, err := w.c.handler.Decode(d.Body)
+	ev, v, err := w.c.handler.Decode(Message{ID: d.MessageId, Timestamp: d.Timestamp, ContentType: d.ContentType, Headers: d.Headers, Body: d.Body})
 	if err != nil {
 		reason, ok := rejectReason(err)
 		if !ok {
@@ -47,62 +58,64 @@ func (w *worker[T]) handle(ctx context.Context, d amqp.Delivery) {
 		w.deadLetter(ctx, d, reason, err)
 		return
 	}
+	if ev.Time.IsZero() {
+		ev.Time = d.Timestamp
+	}
+	if reason, err := w.c.checkTime(ev.Time, time.Now()); err != nil {
+		w.deadLetter(ctx, d, reason, err)
+		return
+	}
 	attempt := deliveryCount(d) + 1
 	apply := func(ctx context.Context, tx pgx.Tx) error { return w.c.handler.Apply(ctx, tx, v) }
 
+	heldSince := time.Now()
 	for wait := 1; ; wait++ {
 		actx, cancel := context.WithTimeout(ctx, cfg.HandlerTimeout)
 		outcome, err := w.c.guard.Process(actx, ev, apply)
+		timedOut := errors.Is(actx.Err(), context.DeadlineExceeded)
 		cancel()
-		switch {
-		case err == nil:
+		if err == nil {
 			w.ack(ctx, d, outcome, "")
 			return
-		case errors.Is(err, guard.ErrPayloadConflict):
-			w.deadLetter(ctx, d, ReasonPayloadConflict, err)
-			return
-		case errors.Is(err, guard.ErrInvalidID), errors.Is(err, guard.ErrInvalidEvent):
-			w.deadLetter(ctx, d, ReasonInvalidEvent, err)
-			return
-		case ctx.Err() != nil:
+		}
+		if ctx.Err() != nil {
 			// Drain timeout: the tx was rolled back; the broker redelivers.
-			w.requeue(d, "shutdown")
+			w.requeue(d, RequeueShutdown)
 			return
 		}
-		if reason, ok := rejectReason(err); ok {
+		verdict, reason := classify(err, timedOut && ctx.Err() == nil)
+		switch verdict {
+		case deadLetterNow:
 			w.deadLetter(ctx, d, reason, err)
 			return
-		}
-		if isInfra(err) {
-			// Postgres is unreachable or restarting: not the event's fault,
-			// so hold the delivery and retry in place without spending
-			// its delivery budget. Nothing is acked meanwhile.
+		case holdInPlace:
+			if time.Since(heldSince) >= cfg.StoreHold {
+				cfg.Logger.Warn("store unavailable for store_hold, handing the delivery back", "event_id", ev.ID, "err", err, "store_hold", cfg.StoreHold)
+				w.requeue(d, reason)
+				return
+			}
+			// Not the event's fault: hold the delivery and retry in place
+			// without spending its budget. Nothing is acked meanwhile.
+			cfg.OnCount(CounterStoreRetry)
 			delay := cfg.RetryBackoff.Delay(wait)
 			cfg.Logger.Warn("store unavailable, retrying in place", "event_id", ev.ID, "attempt", attempt, "err", err, "delay", delay)
 			if !sleep(w.stop, delay) {
-				w.requeue(d, "shutdown")
+				w.requeue(d, RequeueShutdown)
 				return
 			}
 			continue
 		}
 		if attempt >= cfg.DeliveryLimit {
-			cfg.Logger.Error("handler failed, dead-lettering", "event_id", ev.ID, "attempt", attempt, "err", err, "delivery_limit", cfg.DeliveryLimit)
-			w.deadLetter(ctx, d, ReasonHandlerFailed, err)
+			cfg.Logger.Error("attempts exhausted, dead-lettering", "event_id", ev.ID, "reason", reason, "attempt", attempt, "err", err, "delivery_limit", cfg.DeliveryLimit)
+			w.deadLetter(ctx, d, reason, err)
 			return
 		}
 		delay := cfg.RetryBackoff.Delay(attempt)
-		cfg.Logger.Warn("handler failed, will retry", "event_id", ev.ID, "attempt", attempt, "err", err, "delay", delay)
+		cfg.Logger.Warn("attempt failed, will retry", "event_id", ev.ID, "reason", reason, "attempt", attempt, "err", err, "delay", delay)
 		sleep(w.stop, delay)
-		w.requeue(d, ReasonHandlerFailed)
+		w.requeue(d, reason)
 		return
 	}
-}
-
-// isInfra reports whether err came from the store being unavailable rather
-// than from the event or the handler's logic.
-func isInfra(err error) bool {
-	var se *guard.StoreError
-	return errors.As(err, &se) || pgtier.IsTransient(err)
 }
 
 func (w *worker[T]) ack(ctx context.Context, d amqp.Delivery, o guard.Outcome, reason string) {
@@ -122,9 +135,11 @@ func (w *worker[T]) requeue(d amqp.Delivery, reason string) {
 	w.c.cfg.OnOutcome(guard.OutcomeRetry, reason)
 }
 
-// deadLetter publishes d to the dead-letter exchange with its reason, waits
-// for the broker's confirm, and only then acks d. Without a confirm the
-// delivery is requeued: a dead letter is never acked away unconfirmed.
+// deadLetter publishes d to the dead-letter exchange with its reason,
+// mandatory, waits for the broker's confirm, and only then acks d. A dead
+// letter that was not confirmed, or that the broker returned because no
+// queue took it (the DLQ was deleted), is requeued instead: a dead letter is
+// never acked away unless it is in the dead-letter queue.
 func (w *worker[T]) deadLetter(ctx context.Context, d amqp.Delivery, reason string, cause error) {
 	cfg := &w.c.cfg
 	msg := truncate(cause.Error(), maxErrorHeader)
@@ -132,57 +147,104 @@ func (w *worker[T]) deadLetter(ctx context.Context, d amqp.Delivery, reason stri
 	for k, v := range d.Headers {
 		headers[k] = v
 	}
+	// The broker's count of this delivery is not the replay's: a message
+	// replayed from the DLQ starts with a fresh budget. Ours is kept for
+	// diagnosis in HeaderDeliveryCount.
+	delete(headers, "x-delivery-count")
 	headers[HeaderReason] = reason
 	headers[HeaderError] = msg
 	headers[HeaderQueue] = cfg.Queue
 	headers[HeaderDeliveryCount] = int64(deliveryCount(d) + 1)
 
-	cctx, cancel := context.WithTimeout(ctx, cfg.ConfirmTimeout)
-	defer cancel()
-	t := w.c.topology
-	dc, err := w.pub.PublishWithDeferredConfirmWithContext(cctx, t.DeadLetterExchange, t.DeadLetterQueue, false, false, amqp.Publishing{
+	routed, err := w.dl.publish(ctx, cfg.ConfirmTimeout, w.c.topology, amqp.Publishing{
 		Headers:      headers,
 		ContentType:  d.ContentType,
 		DeliveryMode: amqp.Persistent,
 		MessageId:    d.MessageId,
-		Timestamp:    d.Timestamp,
+		Timestamp:    d.Timestamp, // the event's time travels with it
 		Body:         d.Body,
 	})
-	if err == nil {
-		var ok bool
-		ok, err = dc.WaitContext(cctx)
-		if err == nil && !ok {
-			err = errors.New("broker nacked the dead letter")
-		}
-	}
-	if err != nil {
+	switch {
+	case err != nil:
 		cfg.Logger.Error("dead-letter publish failed, requeueing", "reason", reason, "err", err)
-		w.requeue(d, "dead_letter_unconfirmed")
+		w.requeue(d, RequeueUnconfirmed)
+		return
+	case !routed:
+		cfg.Logger.Error("dead letter returned unroutable (dead-letter queue missing?): re-declaring it and requeueing",
+			"reason", reason, "dead_letter_queue", w.c.topology.DeadLetterQueue)
+		if err := w.dl.redeclare(w.c.topology); err != nil {
+			cfg.Logger.Error("re-declare dead-letter queue", "err", err)
+		}
+		w.requeue(d, RequeueUnroutable)
 		return
 	}
 	cfg.Logger.Warn("dead-lettered", "reason", reason, "err", msg, "message_id", d.MessageId)
 	w.ack(ctx, d, guard.OutcomeDeadLettered, reason)
 }
 
-// deliveryCount is how many times the broker delivered d before, from the
-// quorum queue's x-delivery-count header (absent on the first delivery).
+// publish sends p to t's dead-letter exchange, mandatory, and reports
+// whether the broker routed it to a queue and confirmed it.
+func (dl *deadLetterer) publish(ctx context.Context, timeout time.Duration, t Topology, p amqp.Publishing) (routed bool, err error) {
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	dl.seq++
+	id := strconv.FormatUint(dl.seq, 10)
+	p.Headers[HeaderDeadLetterID] = id
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	dc, err := dl.pub.PublishWithDeferredConfirmWithContext(ctx, t.DeadLetterExchange, t.DeadLetterQueue, true, false, p)
+	if err != nil {
+		return false, err
+	}
+	ok, err := dc.WaitContext(ctx)
+	if err != nil {
+		return false, err
+	}
+	if !ok {
+		return false, errors.New("broker nacked the dead letter")
+	}
+	// The broker sends basic.return before the ack, and the library hands
+	// it to our buffered channel before it reads the ack: if this publish
+	// was returned, the return is already waiting.
+	for {
+		select {
+		case r := <-dl.returns:
+			if r.Headers[HeaderDeadLetterID] == id {
+				return false, nil
+			}
+		default:
+			return true, nil
+		}
+	}
+}
+
+func (dl *deadLetterer) redeclare(t Topology) error {
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	return t.Declare(dl.pub)
+}
+
+// deliveryCount is how many times the broker delivered d before. Only the
+// broker's own redelivery information counts: a first delivery
+// (Redelivered false) has spent nothing, whatever x-delivery-count header a
+// publisher set; a redelivery reads the count the quorum queue wrote.
 func deliveryCount(d amqp.Delivery) int {
+	if !d.Redelivered {
+		return 0
+	}
 	switch n := d.Headers["x-delivery-count"].(type) {
 	case int64:
-		return int(n)
+		return max(int(n), 1)
 	case int32:
-		return int(n)
+		return max(int(n), 1)
 	case int:
-		return n
+		return max(n, 1)
 	case int16:
-		return int(n)
+		return max(int(n), 1)
 	case int8:
-		return int(n)
+		return max(int(n), 1)
 	}
-	if d.Redelivered {
-		return 1
-	}
-	return 0
+	return 1
 }
 
 func truncate(s string, n int) string {

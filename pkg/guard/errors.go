@@ -14,6 +14,11 @@ var (
 	ErrInvalidID = errors.New("invalid event id")
 	// ErrInvalidEvent means an Event lacks its payload hash.
 	ErrInvalidEvent = errors.New("invalid event")
+	// ErrBeyondRetention means the event's dedup row was pruned while the
+	// event was being claimed: it is older than the retention window, so
+	// the store can no longer tell whether it was processed. It must not be
+	// applied; it needs a person.
+	ErrBeyondRetention = errors.New("event's dedup row was pruned: older than the retention window")
 )
 
 // StoreError is a failure of the authoritative tier itself (begin, claim or

@@ -3,25 +3,38 @@ package guard
 import (
 	"crypto/sha256"
 	"fmt"
+	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // MaxIDLen is the longest event ID a Guard accepts, in bytes.
-const MaxIDLen = 128
+const MaxIDLen = 256
 
 // Event is what the guard needs to know about one event: its identity and a
 // fingerprint of its payload.
 type Event struct {
-	// ID is the producer-assigned event ID (the idempotency key). 1 to
-	// MaxIDLen bytes of [A-Za-z0-9_.:-].
+	// ID is the producer-assigned event ID (the idempotency key): 1 to
+	// MaxIDLen bytes of printable UTF-8 (see ValidateID).
 	ID string
 	// Hash fingerprints the payload, so that the same ID arriving with a
 	// different payload is reported as ErrPayloadConflict instead of being
 	// dropped as a duplicate. Use HashFields or any stable digest.
 	Hash []byte
+	// Time is when the producer says the event happened, if its payload
+	// carries a time; zero otherwise. The consumer measures the event's age
+	// from it (or else from the AMQP timestamp) to refuse replays older
+	// than the dedup retention.
+	Time time.Time
 }
 
-// ValidateID reports whether id can be used as an event ID. The charset keeps
-// IDs printable in logs, Redis keys and SQL without escaping.
+// ValidateID reports whether id can be used as an event ID: 1 to MaxIDLen
+// bytes of valid UTF-8 whose characters are all printable (letters, marks,
+// digits, punctuation, symbols and the ASCII space). Control characters, other
+// spaces and U+FFFD (what a decoder puts in place of invalid bytes) are
+// refused, so that two different byte strings can never be read as one ID and
+// every ID prints unambiguously in logs. Redis keys and SQL parameters carry
+// any such ID as it is.
 func ValidateID(id string) error {
 	if id == "" {
 		return fmt.Errorf("%w: empty", ErrInvalidID)
@@ -29,19 +42,23 @@ func ValidateID(id string) error {
 	if len(id) > MaxIDLen {
 		return fmt.Errorf("%w: %d bytes, limit %d", ErrInvalidID, len(id), MaxIDLen)
 	}
-	for i := 0; i < len(id); i++ {
-		if !idByte(id[i]) {
-			return fmt.Errorf("%w: byte %d (%q) is outside [A-Za-z0-9_.:-]", ErrInvalidID, i, id[i])
+	for i, r := range id {
+		switch {
+		case r == utf8.RuneError:
+			return fmt.Errorf("%w: invalid UTF-8 or U+FFFD at byte %d", ErrInvalidID, i)
+		case !unicode.IsPrint(r):
+			return fmt.Errorf("%w: unprintable character %U at byte %d", ErrInvalidID, r, i)
 		}
 	}
 	return nil
 }
 
-func idByte(c byte) bool {
+// scopeByte reports whether c may appear in a scope.
+func scopeByte(c byte) bool {
 	switch {
 	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
 		return true
-	case c == '_', c == '-', c == '.', c == ':':
+	case c == '_', c == '-', c == '.':
 		return true
 	}
 	return false

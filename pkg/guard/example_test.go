@@ -8,10 +8,14 @@ import (
 
 func ExampleValidateID() {
 	fmt.Println(guard.ValidateID("evt_12345"))
-	fmt.Println(guard.ValidateID("evt 12345"))
+	fmt.Println(guard.ValidateID("order#1/{tenant|42}"))
+	fmt.Println(guard.ValidateID("evt\t12345"))
+	fmt.Println(guard.ValidateID("acct\xff"))
 	// Output:
 	// <nil>
-	// invalid event id: byte 3 (' ') is outside [A-Za-z0-9_.:-]
+	// <nil>
+	// invalid event id: unprintable character U+0009 at byte 3
+	// invalid event id: invalid UTF-8 or U+FFFD at byte 4
 }
 
 func ExampleOutcome_String() {

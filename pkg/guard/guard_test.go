@@ -224,7 +224,8 @@ func TestRejectsBadInput(t *testing.T) {
 	for _, ev := range []guard.Event{
 		{ID: "", Hash: []byte{1}},
 		{ID: string(make([]byte, guard.MaxIDLen+1)), Hash: []byte{1}},
-		{ID: "evt 1", Hash: []byte{1}},
+		{ID: "evt\x001", Hash: []byte{1}},
+		{ID: "acct\xff", Hash: []byte{1}},
 		{ID: "evt_1"},
 	} {
 		_, err := g.Process(context.Background(), ev, nil)

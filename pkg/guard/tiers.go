@@ -109,7 +109,7 @@ func ValidateScope(scope string) error {
 		return fmt.Errorf("scope %q: want 1 to %d bytes", scope, MaxScopeLen)
 	}
 	for i := 0; i < len(scope); i++ {
-		if c := scope[i]; c == ':' || !idByte(c) {
+		if c := scope[i]; !scopeByte(c) {
 			return fmt.Errorf("scope %q: byte %d (%q) is outside [A-Za-z0-9_.-]", scope, i, c)
 		}
 	}

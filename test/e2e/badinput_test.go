@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/pkg/guard"
 )
 
 func body(s string) amqp.Publishing {
@@ -25,14 +26,16 @@ func TestBadInputIsDeadLetteredWithAReason(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "", "")
 	e.vars = append(e.vars, "IDEM_CONSUMER_DELIVERY_LIMIT=3")
-	// A handler that keeps failing: the ledger refuses one user.
+	// A handler that keeps failing: the ledger refuses one user. A balance
+	// one payment short of overflowing bigint.
 	_, err := e.pool.Exec(context.Background(), `
 		CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF NEW.user_id = 'user_poison' THEN RAISE EXCEPTION 'poisoned payment'; END IF;
 			RETURN NEW;
 		END $$;
-		CREATE TRIGGER poison BEFORE INSERT ON payments_ledger FOR EACH ROW EXECUTE FUNCTION poison();`)
+		CREATE TRIGGER poison BEFORE INSERT ON payments_ledger FOR EACH ROW EXECUTE FUNCTION poison();
+		INSERT INTO account_balances (user_id, balance) VALUES ('user_rich', 9223372036854775000);`)
 	require.NoError(t, err)
 	e.consume("c0")
 
@@ -44,6 +47,14 @@ func TestBadInputIsDeadLetteredWithAReason(t *testing.T) {
 
 	old := ok("evt_old", "100")
 	old.Timestamp = time.Now().Add(-31 * 24 * time.Hour)
+	future := ok("evt_future", "100")
+	future.Timestamp = time.Now().Add(365 * 24 * time.Hour)
+	noTime := ok("evt_notime", "100")
+	noTime.Timestamp = untimed
+	pay := func(fields string) amqp.Publishing {
+		return body(`{"eventId":"evt_f","userId":"user_1","type":"PAYMENT_COMPLETED","amount":1` + fields + `}`)
+	}
+	oldInBody := pay(`,"occurredAt":"` + time.Now().Add(-40*24*time.Hour).UTC().Format(time.RFC3339) + `"`)
 	want := map[string]string{ // message id -> reason
 		"m_json":     "invalid_json",
 		"m_noid":     "invalid_event_id",
@@ -56,13 +67,27 @@ func TestBadInputIsDeadLetteredWithAReason(t *testing.T) {
 		"m_conflict": consumer.ReasonPayloadConflict,
 		"m_poison":   consumer.ReasonHandlerFailed,
 		"m_old":      consumer.ReasonBeyondRetention,
-		"m_binary":   "invalid_json",
+		"m_binary":   "invalid_utf8",
+		// The second hardening round.
+		"m_future":    consumer.ReasonFutureTimestamp,
+		"m_notime":    consumer.ReasonMissingTime,
+		"m_oldinbody": consumer.ReasonBeyondRetention,
+		"m_badutf8":   "invalid_utf8",
+		"m_surrogate": "invalid_utf8",
+		"m_dupkey":    "duplicate_key",
+		"m_wrongcase": "unknown_field",
+		"m_unknown":   "unknown_field",
+		"m_trailing":  "invalid_json",
+		"m_nul":       "nul_character",
+		"m_control":   "invalid_event_id",
+		"m_overflow":  consumer.ReasonNumericOverflow,
+		"m_badtime":   "invalid_field",
 	}
 	msgs := map[string]amqp.Publishing{
 		"m_json":     body(`{"eventId":`),
 		"m_noid":     body(`{"userId":"user_1","type":"PAYMENT_COMPLETED","amount":1}`),
 		"m_emptyid":  body(`{"eventId":"","userId":"user_1","type":"PAYMENT_COMPLETED","amount":1}`),
-		"m_longid":   body(`{"eventId":"` + strings.Repeat("e", 200) + `","userId":"user_1","type":"PAYMENT_COMPLETED","amount":1}`),
+		"m_longid":   body(`{"eventId":"` + strings.Repeat("e", guard.MaxIDLen+1) + `","userId":"user_1","type":"PAYMENT_COMPLETED","amount":1}`),
 		"m_userint":  body(`{"eventId":"evt_u","userId":42,"type":"PAYMENT_COMPLETED","amount":1}`),
 		"m_negative": ok("evt_neg", "-5"),
 		"m_fraction": ok("evt_frac", "10.5"),
@@ -71,6 +96,20 @@ func TestBadInputIsDeadLetteredWithAReason(t *testing.T) {
 		"m_poison":   body(`{"eventId":"evt_poison","userId":"user_poison","type":"PAYMENT_COMPLETED","amount":1}`),
 		"m_old":      old,
 		"m_binary":   {Body: []byte{0xff, 0x00, 0xfe}},
+
+		"m_future":    future,
+		"m_notime":    noTime,
+		"m_oldinbody": oldInBody,
+		"m_badutf8":   body("{\"eventId\":\"evt_b\",\"userId\":\"acct\xff\",\"type\":\"PAYMENT_COMPLETED\",\"amount\":1}"),
+		"m_surrogate": body(`{"eventId":"evt_s","userId":"acct\ud800","type":"PAYMENT_COMPLETED","amount":1}`),
+		"m_dupkey":    body(`{"eventId":"evt_d","userId":"user_1","userId":"user_2","type":"PAYMENT_COMPLETED","amount":1}`),
+		"m_wrongcase": body(`{"EVENTID":"evt_w","userId":"user_1","type":"PAYMENT_COMPLETED","amount":1}`),
+		"m_unknown":   pay(`,"currency":"EUR"`),
+		"m_trailing":  pay(`}}`),
+		"m_nul":       body(`{"eventId":"evt_n","userId":"acct\u0000","type":"PAYMENT_COMPLETED","amount":1}`),
+		"m_control":   body(`{"eventId":"evt\u0007","userId":"user_1","type":"PAYMENT_COMPLETED","amount":1}`),
+		"m_overflow":  body(`{"eventId":"evt_rich","userId":"user_rich","type":"PAYMENT_COMPLETED","amount":1000}`),
+		"m_badtime":   pay(`,"occurredAt":"last tuesday"`),
 	}
 	var batch []amqp.Publishing
 	for id, m := range msgs {
@@ -87,6 +126,17 @@ func TestBadInputIsDeadLetteredWithAReason(t *testing.T) {
 		require.NotEmpty(t, d.Headers[consumer.HeaderError], "dead letter %s carries no error text", d.MessageId)
 		require.Equal(t, msgs[d.MessageId].Body, d.Body, "dead letter %s must keep the original body", d.MessageId)
 		require.Equal(t, e.queue, d.Headers[consumer.HeaderQueue])
+		// Data errors are dead-lettered on the first attempt, not after N.
+		if id := d.MessageId; id == "m_overflow" || id == "m_nul" {
+			require.Equal(t, int64(1), d.Headers[consumer.HeaderDeliveryCount], id)
+		}
+		// The event's time travels with its dead letter, for a replay.
+		switch ts := msgs[d.MessageId].Timestamp; {
+		case ts.Equal(untimed):
+			require.True(t, d.Timestamp.IsZero(), d.MessageId)
+		case !ts.IsZero():
+			require.WithinDuration(t, ts, d.Timestamp, time.Second, d.MessageId)
+		}
 	}
 	require.Equal(t, want, got)
 

@@ -244,7 +244,11 @@ func (e *env) requireExactlyOnce(ms ...loadgen.Manifest) {
 	require.Equal(e.t, 0, testenv.QueueDepth(e.t, e.amqpURL, e.queue), "messages left in %s", e.queue)
 }
 
-// publishRaw sends bodies as they are, persistent, to the test's queue.
+// untimed marks a Publishing that publishRaw must send without a timestamp.
+var untimed = time.Unix(1, 0)
+
+// publishRaw sends bodies as they are, persistent, to the test's queue,
+// stamped with the current time unless they carry one (or untimed).
 func (e *env) publishRaw(msgs ...amqp.Publishing) {
 	e.t.Helper()
 	ch := e.channel()
@@ -252,7 +256,10 @@ func (e *env) publishRaw(msgs ...amqp.Publishing) {
 	require.NoError(e.t, ch.Confirm(false))
 	for _, m := range msgs {
 		m.DeliveryMode = amqp.Persistent
-		if m.Timestamp.IsZero() {
+		switch {
+		case m.Timestamp.Equal(untimed):
+			m.Timestamp = time.Time{}
+		case m.Timestamp.IsZero():
 			m.Timestamp = time.Now()
 		}
 		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", e.queue, true, false, m)

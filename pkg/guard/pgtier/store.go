@@ -24,9 +24,17 @@ var _ guard.Store = (*Store)(nil)
 // idem_processed table created by the migrations.
 func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 
-// Begin starts a READ COMMITTED transaction.
+// beginQuery starts the guard's transactions. synchronous_commit is pinned
+// on: with it off (in the server's config, the role's, the database's or
+// the connection string's) a COMMIT returns before it is durable, and an
+// event acked after it could be lost in a crash. Both statements go in one
+// round trip (simple protocol).
+const beginQuery = `BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on`
+
+// Begin starts a READ COMMITTED transaction whose COMMIT is durable
+// (synchronous_commit on, whatever the server's setting).
 func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
-	return s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	return s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginQuery})
 }
 
 const claimOne = `INSERT INTO idem_processed (scope, event_id, payload_hash)
@@ -117,8 +125,9 @@ func (s *Store) resolveExisting(ctx context.Context, tx pgx.Tx, scope string, ev
 		switch {
 		case !ok:
 			// The conflicting row vanished between the two statements: only
-			// a prune of an expired row can do that.
-			return errors.New("dedup row disappeared during claim (pruned concurrently?)")
+			// a prune of an expired row can do that, so the event is older
+			// than the retention window and its history is gone.
+			return fmt.Errorf("claim %s: %w", ev.ID, guard.ErrBeyondRetention)
 		case bytes.Equal(h, ev.Hash):
 			out[i] = guard.ClaimDuplicate
 		default:
@@ -128,25 +137,110 @@ func (s *Store) resolveExisting(ctx context.Context, tx pgx.Tx, scope string, ev
 	return nil
 }
 
-// Prune deletes dedup rows processed more than retention ago, in batches of
-// batch rows, and returns how many it deleted. Events older than retention
-// must be refused by the consumer (it compares the publish timestamp), or a
-// redelivery of a pruned event would be processed again.
-func (s *Store) Prune(ctx context.Context, retention time.Duration, batch int) (int64, error) {
-	if retention <= 0 {
-		return 0, fmt.Errorf("prune: retention must be positive, got %s", retention)
+// Horizon is the database's record of the replay horizon (idem_horizon).
+type Horizon struct {
+	// Retention is the longest retention any consumer has enforced.
+	Retention time.Duration
+	// ClockSkew is the largest clock skew any consumer has allowed.
+	ClockSkew time.Duration
+	// PrunedThrough is the latest cut a prune made: rows processed before
+	// it are gone. Zero if nothing was pruned.
+	PrunedThrough time.Time
+}
+
+// EnforceRetention records that a consumer refuses events older than
+// retention, allowing clock skew, and returns the record. The record keeps the
+// greatest of each ever recorded, so Prune can never cut below what some
+// consumer enforces. The consumer must also refuse events older than the
+// returned PrunedThrough + ClockSkew: a prune may have cut there under a
+// shorter retention before this one was recorded.
+func (s *Store) EnforceRetention(ctx context.Context, retention, skew time.Duration) (Horizon, error) {
+	if retention <= 0 || skew < 0 {
+		return Horizon{}, fmt.Errorf("enforce retention: want a positive retention and a non-negative skew, got %s and %s", retention, skew)
+	}
+	var h Horizon
+	var pruned *time.Time
+	err := s.pool.QueryRow(ctx, `INSERT INTO idem_horizon (retention, clock_skew) VALUES ($1, $2)
+		ON CONFLICT (id) DO UPDATE SET
+			retention  = GREATEST(idem_horizon.retention, EXCLUDED.retention),
+			clock_skew = GREATEST(idem_horizon.clock_skew, EXCLUDED.clock_skew),
+			updated_at = now()
+		RETURNING retention, clock_skew, pruned_through`, retention, skew).Scan(&h.Retention, &h.ClockSkew, &pruned)
+	if err != nil {
+		return Horizon{}, fmt.Errorf("enforce retention: %w", err)
+	}
+	if pruned != nil {
+		h.PrunedThrough = *pruned
+	}
+	return h, nil
+}
+
+// ErrRetentionBelowConsumers is returned by Prune when asked to cut below the
+// retention some consumer enforces.
+var ErrRetentionBelowConsumers = errors.New("retention is shorter than consumers enforce")
+
+// Prune deletes dedup rows processed more than retention + the recorded
+// clock skew ago, in batches of batch rows, and returns how many it deleted
+// and where it cut. It refuses a retention shorter than the one recorded by
+// EnforceRetention (ErrRetentionBelowConsumers): a consumer could then accept
+// a redelivery whose row is gone, and apply it twice. It records the cut
+// before deleting anything, so a consumer that starts meanwhile sees it.
+func (s *Store) Prune(ctx context.Context, retention time.Duration, batch int) (int64, time.Time, error) {
+	if retention <= 0 || batch < 1 {
+		return 0, time.Time{}, fmt.Errorf("prune: want a positive retention and batch, got %s and %d", retention, batch)
+	}
+	var cutoff time.Time
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var recorded, skew time.Duration
+		err := tx.QueryRow(ctx, `SELECT retention, clock_skew FROM idem_horizon FOR UPDATE`).Scan(&recorded, &skew)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			// No consumer has started on this database: record ours, with
+			// the consumers' default skew, so that they start from it.
+			recorded, skew = retention, guardDefaultSkew
+		case err != nil:
+			return fmt.Errorf("prune: read idem_horizon: %w", err)
+		case retention < recorded:
+			return fmt.Errorf("prune: %w: asked for %s, consumers enforce %s (set postgres.retention to at least that, or lower the consumers' first and run prune --reset-horizon)",
+				ErrRetentionBelowConsumers, retention, recorded)
+		}
+		return tx.QueryRow(ctx, `INSERT INTO idem_horizon (retention, clock_skew, pruned_through)
+			VALUES ($1::interval, $2::interval, now() - ($1::interval + $2::interval))
+			ON CONFLICT (id) DO UPDATE SET
+				pruned_through = GREATEST(idem_horizon.pruned_through, EXCLUDED.pruned_through),
+				updated_at = now()
+			RETURNING now() - ($1::interval + $2::interval)`, retention, skew).Scan(&cutoff)
+	})
+	if err != nil {
+		return 0, time.Time{}, err
 	}
 	var total int64
 	for {
 		tag, err := s.pool.Exec(ctx, `DELETE FROM idem_processed WHERE ctid = ANY (ARRAY(
-			SELECT ctid FROM idem_processed WHERE processed_at < now() - $1::interval LIMIT $2))`,
-			retention, batch)
+			SELECT ctid FROM idem_processed WHERE processed_at < $1 LIMIT $2))`, cutoff, batch)
 		if err != nil {
-			return total, fmt.Errorf("prune: %w", err)
+			return total, cutoff, fmt.Errorf("prune: %w", err)
 		}
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < int64(batch) {
-			return total, nil
+			return total, cutoff, nil
 		}
 	}
 }
+
+// ResetHorizon sets the recorded retention and clock skew to these values,
+// for an operator who lowered every consumer's retention: EnforceRetention
+// alone only ever raises them.
+func (s *Store) ResetHorizon(ctx context.Context, retention, skew time.Duration) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO idem_horizon (retention, clock_skew) VALUES ($1, $2)
+		ON CONFLICT (id) DO UPDATE SET retention = EXCLUDED.retention, clock_skew = EXCLUDED.clock_skew, updated_at = now()`,
+		retention, skew)
+	if err != nil {
+		return fmt.Errorf("reset horizon: %w", err)
+	}
+	return nil
+}
+
+// guardDefaultSkew is consumer.DefaultClockSkew, which this package cannot
+// import: the skew prune assumes before any consumer recorded one.
+const guardDefaultSkew = 5 * time.Minute

@@ -2,6 +2,7 @@ package pgtier_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -195,9 +196,105 @@ func TestPruneDeletesOnlyRowsPastRetention(t *testing.T) {
 	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("fresh", "a")))
 	_, err := pool.Exec(ctx, `UPDATE idem_processed SET processed_at = now() - interval '2 days' WHERE event_id = 'old'`)
 	require.NoError(t, err)
-	n, err := s.Prune(ctx, 24*time.Hour, 1)
+	n, cutoff, err := s.Prune(ctx, 24*time.Hour, 1)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
+	require.WithinDuration(t, time.Now().Add(-24*time.Hour-5*time.Minute), cutoff, time.Minute)
 	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("old", "a")))
 	require.Equal(t, guard.ClaimDuplicate, claimCommit(t, s, ev("fresh", "a")))
+}
+
+// TestPruneCannotCutBelowWhatConsumersEnforce: the retention consumers
+// enforce and the one prune uses live in one row, so they cannot disagree.
+func TestPruneCannotCutBelowWhatConsumersEnforce(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Schema(t)
+	s := pgtier.New(pool)
+	ctx := context.Background()
+	h, err := s.EnforceRetention(ctx, 30*24*time.Hour, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, 30*24*time.Hour, h.Retention)
+	require.True(t, h.PrunedThrough.IsZero())
+	// A consumer with a shorter retention does not lower the record.
+	h, err = s.EnforceRetention(ctx, 24*time.Hour, 2*time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, 30*24*time.Hour, h.Retention)
+	require.Equal(t, 2*time.Minute, h.ClockSkew)
+
+	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("e", "a")))
+	_, err = pool.Exec(ctx, `UPDATE idem_processed SET processed_at = now() - interval '10 days'`)
+	require.NoError(t, err)
+	_, _, err = s.Prune(ctx, 7*24*time.Hour, 100)
+	require.ErrorIs(t, err, pgtier.ErrRetentionBelowConsumers)
+	require.Equal(t, guard.ClaimDuplicate, claimCommit(t, s, ev("e", "a")), "a refused prune deletes nothing")
+
+	// After every consumer is lowered, the operator resets the record.
+	require.NoError(t, s.ResetHorizon(ctx, 7*24*time.Hour, time.Minute))
+	n, cutoff, err := s.Prune(ctx, 7*24*time.Hour, 100)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	// A consumer starting now learns where prune cut.
+	h, err = s.EnforceRetention(ctx, 30*24*time.Hour, time.Minute)
+	require.NoError(t, err)
+	require.WithinDuration(t, cutoff, h.PrunedThrough, time.Millisecond)
+}
+
+// TestClaimOfAPrunedRowIsBeyondRetention: a claim whose conflicting row is
+// deleted between its INSERT and its lookup must not come back as a store
+// fault (which is retried and re-applied) but as ErrBeyondRetention.
+func TestClaimOfAPrunedRowIsBeyondRetention(t *testing.T) {
+	t.Parallel()
+	pool, url := testenv.Schema(t)
+	ctx := context.Background()
+	require.Equal(t, guard.ClaimInserted, claimCommit(t, pgtier.New(pool), ev("e", "a")))
+
+	// The claimer's pool prunes the row just before the claim's lookup.
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = &pruneBeforeLookup{t: t, pool: pool}
+	claimer, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer claimer.Close()
+	s := pgtier.New(claimer)
+	tx, err := s.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = s.Claim(ctx, tx, "svc", []guard.Event{ev("e", "a")})
+	require.ErrorIs(t, err, guard.ErrBeyondRetention)
+}
+
+// pruneBeforeLookup deletes every dedup row when a claim's lookup starts.
+type pruneBeforeLookup struct {
+	t    *testing.T
+	pool *pgxpool.Pool
+}
+
+func (p *pruneBeforeLookup) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.HasPrefix(d.SQL, "SELECT event_id, payload_hash FROM idem_processed") {
+		_, err := p.pool.Exec(ctx, `DELETE FROM idem_processed`)
+		require.NoError(p.t, err)
+	}
+	return ctx
+}
+
+func (p *pruneBeforeLookup) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestCommitIsDurableWhateverTheServerSays: synchronous_commit=off on the
+// connection must not reach the guard's transactions.
+func TestCommitIsDurableWhateverTheServerSays(t *testing.T) {
+	t.Parallel()
+	_, url := testenv.Schema(t)
+	pool, err := pgxpool.New(context.Background(), testenv.WithParam(url, "synchronous_commit", "off"))
+	require.NoError(t, err)
+	defer pool.Close()
+	ctx := context.Background()
+	var outside string
+	require.NoError(t, pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&outside))
+	require.Equal(t, "off", outside, "the test's premise")
+	tx, err := pgtier.New(pool).Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	var inside string
+	require.NoError(t, tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&inside))
+	require.Equal(t, "on", inside)
 }

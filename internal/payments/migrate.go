@@ -1,0 +1,35 @@
+package payments
+
+import (
+	"context"
+	"embed"
+	"io/fs"
+
+	"github.com/idemhq/idem/migrations"
+)
+
+//go:embed migrations/*.sql
+var files embed.FS
+
+// Migrations is the reference handler's own set: payments_ledger and
+// account_balances, recorded in payments_migrations.
+var Migrations = migrations.Set{Ledger: "payments_migrations", Files: sub(files, "migrations")}
+
+// Migrate applies the guard's migrations, then the reference handler's, and
+// returns what it ran.
+func Migrate(ctx context.Context, db migrations.Conn) ([]migrations.Migration, error) {
+	ran, err := migrations.Apply(ctx, db)
+	if err != nil {
+		return ran, err
+	}
+	more, err := migrations.ApplySet(ctx, db, Migrations)
+	return append(ran, more...), err
+}
+
+func sub(fsys fs.FS, dir string) fs.FS {
+	f, err := fs.Sub(fsys, dir)
+	if err != nil {
+		panic(err) // dir is a literal embedded above
+	}
+	return f
+}

@@ -1,0 +1,141 @@
+// Package redact keeps passwords out of everything idem prints. One rule
+// covers every form a connection setting can take, parseable or not:
+//
+//   - the password in a URL's user info (scheme://user:password@host),
+//     even when the URL does not parse (a '/', '#' or bad %-escape in it);
+//   - password-like parameters, in a URL query (?password=…) or a keyword
+//     DSN (host=… password='…');
+//   - and, for text that mangles those shapes (a parser's error quoting a
+//     fragment), every secret found in the configured URLs, literally.
+package redact
+
+import (
+	"io"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// Mask replaces every secret.
+const Mask = "xxxxx"
+
+// minLiteral is the shortest secret replaced wherever it appears; shorter
+// ones would garble ordinary words, and are still masked in every URL and
+// key=value shape.
+const minLiteral = 4
+
+var (
+	// userinfo: scheme://user:password@ (greedy to the last @ of the token,
+	// since unescaped passwords may hold '@', '/' or '#').
+	userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)([^:@/\s"']*):(\S*)@`)
+	// param: password-like keys in a query or a keyword DSN, quoted or not.
+	param = regexp.MustCompile(`(?i)\b((?:ssl)?pass(?:word)?|pwd|secret|token)(\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s"']*)`)
+)
+
+// Redactor masks secrets in text. It is safe for concurrent use.
+type Redactor struct {
+	mu      sync.RWMutex
+	secrets []string // longest first, so a secret's prefix never wins
+}
+
+// New returns a Redactor that also knows the secrets in conns.
+func New(conns ...string) *Redactor {
+	r := &Redactor{}
+	r.Add(conns...)
+	return r
+}
+
+// Add learns the secrets in each connection string (a URL or keyword DSN,
+// valid or not).
+func (r *Redactor) Add(conns ...string) {
+	var found []string
+	for _, c := range conns {
+		found = append(found, Secrets(c)...)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range found {
+		if len(s) >= minLiteral && !slices.Contains(r.secrets, s) {
+			r.secrets = append(r.secrets, s)
+		}
+	}
+	slices.SortFunc(r.secrets, func(a, b string) int { return len(b) - len(a) })
+}
+
+// String returns s with every secret masked.
+func (r *Redactor) String(s string) string {
+	s = String(s)
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, secret := range r.secrets {
+		s = strings.ReplaceAll(s, secret, Mask)
+	}
+	return s
+}
+
+// Writer returns a writer that masks secrets in each Write before passing
+// it to w. Loggers and fmt write a line per call, so a secret is never
+// split across two writes.
+func (r *Redactor) Writer(w io.Writer) io.Writer { return &writer{r: r, w: w} }
+
+type writer struct {
+	r *Redactor
+	w io.Writer
+}
+
+func (w *writer) Write(p []byte) (int, error) {
+	if _, err := io.WriteString(w.w, w.r.String(string(p))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// String masks the secrets that have a recognisable shape in s: URL user
+// info passwords and password-like parameters.
+func String(s string) string {
+	s = userinfo.ReplaceAllString(s, "${1}${2}:"+Mask+"@")
+	return param.ReplaceAllString(s, "${1}${2}"+Mask)
+}
+
+// Secrets returns the secrets in one connection string, in every spelling
+// they may be printed in (as written, %-decoded, unquoted).
+func Secrets(conn string) []string {
+	var out []string
+	add := func(s string) {
+		if s == "" {
+			return
+		}
+		out = append(out, s)
+		// A parser that fails on a password quotes the piece it split off
+		// (url.Parse: `invalid port ":<up to the first '/'>"`).
+		out = append(out, strings.FieldsFunc(s, func(r rune) bool { return strings.ContainsRune("/#?%@ ", r) })...)
+		if d, err := url.PathUnescape(s); err == nil && d != s {
+			out = append(out, d)
+		}
+		if d, err := url.QueryUnescape(s); err == nil && d != s {
+			out = append(out, d)
+		}
+	}
+	if _, rest, ok := strings.Cut(conn, "://"); ok {
+		// The user info ends at an '@'; which one is unclear when the
+		// password holds '@' unescaped, so take the first and the last.
+		for _, at := range []int{strings.Index(rest, "@"), strings.LastIndex(rest, "@")} {
+			if at < 0 {
+				continue
+			}
+			if _, pw, ok := strings.Cut(rest[:at], ":"); ok {
+				add(pw)
+			}
+		}
+	}
+	for _, m := range param.FindAllStringSubmatch(conn, -1) {
+		v := m[3]
+		if len(v) >= 2 && v[0] == '\'' && v[len(v)-1] == '\'' {
+			v = strings.ReplaceAll(v[1:len(v)-1], `\'`, `'`)
+		}
+		add(v)
+	}
+	return out
+}

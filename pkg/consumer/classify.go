@@ -1,0 +1,70 @@
+package consumer
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/pkg/guard/pgtier"
+)
+
+// verdict is what the consumer does after a failed attempt.
+type verdict int
+
+const (
+	// deadLetterNow: the same input fails every time; spend no more attempts.
+	deadLetterNow verdict = iota + 1
+	// holdInPlace: the store is unreachable or restarting, which is not the
+	// event's fault; retry the same delivery without spending its budget,
+	// for at most Config.StoreHold.
+	holdInPlace
+	// spendAttempt: count the attempt against Config.DeliveryLimit, then
+	// requeue or dead-letter.
+	spendAttempt
+)
+
+// classify decides what a failed attempt leads to, and the reason that names
+// it in dead letters and metrics. timedOut says the attempt's own deadline
+// (Config.HandlerTimeout) fired, as opposed to shutdown.
+func classify(err error, timedOut bool) (verdict, string) {
+	if reason, ok := rejectReason(err); ok {
+		return deadLetterNow, reason
+	}
+	switch {
+	case errors.Is(err, guard.ErrPayloadConflict):
+		return deadLetterNow, ReasonPayloadConflict
+	case errors.Is(err, guard.ErrInvalidID), errors.Is(err, guard.ErrInvalidEvent):
+		return deadLetterNow, ReasonInvalidEvent
+	case errors.Is(err, guard.ErrBeyondRetention):
+		return deadLetterNow, ReasonBeyondRetention
+	}
+	if code := pgtier.SQLState(err); code != "" {
+		switch {
+		case code == "22003":
+			return deadLetterNow, ReasonNumericOverflow
+		case strings.HasPrefix(code, "22"):
+			return deadLetterNow, ReasonDataException
+		case strings.HasPrefix(code, "23"):
+			return deadLetterNow, ReasonIntegrityViolation
+		}
+	}
+	var se *guard.StoreError
+	isStore := errors.As(err, &se)
+	switch {
+	case timedOut && isStore && se.Op == "begin":
+		// No connection within the attempt's deadline: the pool or the
+		// server is unreachable; nothing of the event ran.
+		return holdInPlace, RequeueStoreUnavailable
+	case timedOut:
+		return spendAttempt, ReasonHandlerTimeout
+	case pgtier.IsTransient(err):
+		return holdInPlace, RequeueStoreUnavailable
+	case isStore && se.Op == "commit" || errors.Is(err, pgx.ErrTxCommitRollback):
+		return spendAttempt, ReasonCommitFailed
+	case isStore:
+		return spendAttempt, ReasonStoreFailed
+	}
+	return spendAttempt, ReasonHandlerFailed
+}

@@ -1,0 +1,52 @@
+package consumer
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestCheckTimeEnforcesTheHorizon(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	day := 24 * time.Hour
+	cases := []struct {
+		name    string
+		cfg     Config
+		t       time.Time
+		reason  string
+		counted bool
+	}{
+		{"fresh", Config{Retention: 30 * day}, now.Add(-time.Hour), "", false},
+		{"just inside", Config{Retention: 30 * day}, now.Add(-30*day + time.Second), "", false},
+		{"at the horizon", Config{Retention: 30 * day}, now.Add(-30 * day), ReasonBeyondRetention, false},
+		{"a year old", Config{Retention: 30 * day}, now.Add(-365 * day), ReasonBeyondRetention, false},
+		{"a year ahead", Config{Retention: 30 * day}, now.Add(365 * day), ReasonFutureTimestamp, false},
+		{"ahead within skew", Config{Retention: 30 * day}, now.Add(4 * time.Minute), "", false},
+		{"ahead past a custom skew", Config{Retention: 30 * day, ClockSkew: time.Second}, now.Add(2 * time.Second), ReasonFutureTimestamp, false},
+		{"untimed, default policy", Config{Retention: 30 * day}, time.Time{}, ReasonMissingTime, false},
+		{"untimed, accepted", Config{Retention: 30 * day, Untimed: UntimedAccept}, time.Time{}, "", true},
+		{"before the last prune", Config{Retention: 30 * day, NotBefore: now.Add(-10 * day)}, now.Add(-11 * day), ReasonBeyondRetention, false},
+		{"after the last prune", Config{Retention: 30 * day, NotBefore: now.Add(-10 * day)}, now.Add(-9 * day), "", false},
+		{"retention off", Config{}, time.Time{}, "", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var counted []string
+			cfg := c.cfg
+			cfg.URL, cfg.Queue = "amqp://", "q"
+			cfg.OnCount = func(name string) { counted = append(counted, name) }
+			cfg.setDefaults()
+			require.NoError(t, cfg.validate())
+			cons := &Consumer[int]{cfg: cfg}
+			reason, err := cons.checkTime(c.t, now)
+			require.Equal(t, c.reason, reason)
+			require.Equal(t, c.reason != "", err != nil)
+			if c.counted {
+				require.Equal(t, []string{CounterUntimedAccepted}, counted)
+			} else {
+				require.Empty(t, counted)
+			}
+		})
+	}
+}

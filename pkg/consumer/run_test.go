@@ -1,0 +1,168 @@
+package consumer_test
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/pkg/guard/pgtier"
+)
+
+// handlerFunc adapts two funcs to consumer.Handler[[]byte]. Decode uses the
+// AMQP message ID as the event ID, as a service that keys on it would.
+type handlerFunc struct {
+	apply func(ctx context.Context, tx pgx.Tx) error
+}
+
+func (h handlerFunc) Decode(m consumer.Message) (guard.Event, []byte, error) {
+	return guard.Event{ID: m.ID, Hash: guard.HashFields(string(m.Body))}, m.Body, nil
+}
+
+func (h handlerFunc) Apply(ctx context.Context, tx pgx.Tx, _ []byte) error { return h.apply(ctx, tx) }
+
+// rig runs one in-process Consumer on a queue and schema of the test's own.
+type rig struct {
+	t     *testing.T
+	pool  *pgxpool.Pool
+	queue string
+	ch    *amqp.Channel
+	stats map[string]*atomic.Int64
+}
+
+func startRig(t *testing.T, h consumer.Handler[[]byte], tune func(*consumer.Config)) *rig {
+	t.Helper()
+	pool, _ := testenv.Schema(t)
+	url := testenv.AMQPURL()
+	r := &rig{t: t, pool: pool, queue: testenv.Queue(t, url), stats: map[string]*atomic.Int64{}}
+	for _, o := range guard.Outcomes() {
+		r.stats[o.String()] = &atomic.Int64{}
+	}
+	g, err := guard.New(guard.Config{Scope: "svc", Store: pgtier.New(pool)})
+	require.NoError(t, err)
+	cfg := consumer.Config{
+		URL: url, Queue: r.queue, Workers: 2, Prefetch: 4, DeliveryLimit: 2,
+		RetryBackoff: consumer.Backoff{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond},
+		OnOutcome:    func(o guard.Outcome, _ string) { r.stats[o.String()].Add(1) },
+		Logger:       slog.New(slog.DiscardHandler),
+	}
+	if tune != nil {
+		tune(&cfg)
+	}
+	c, err := consumer.New(cfg, g, h)
+	require.NoError(t, err)
+	conn, err := amqp.Dial(url)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	r.ch, err = conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, c.Topology().Declare(r.ch))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return r
+}
+
+func (r *rig) publish(id, body string) {
+	r.t.Helper()
+	require.NoError(r.t, r.ch.PublishWithContext(context.Background(), "", r.queue, false, false, amqp.Publishing{
+		MessageId: id, Body: []byte(body), Timestamp: time.Now(), DeliveryMode: amqp.Persistent,
+	}))
+}
+
+// deadLetter waits for the next dead letter and returns it.
+func (r *rig) deadLetter() amqp.Delivery {
+	r.t.Helper()
+	var d amqp.Delivery
+	require.Eventually(r.t, func() bool {
+		var ok bool
+		var err error
+		d, ok, err = r.ch.Get(r.queue+".dlq", true)
+		require.NoError(r.t, err)
+		return ok
+	}, 30*time.Second, 10*time.Millisecond, "no dead letter")
+	return d
+}
+
+// TestFailuresThatAreTheEventsOwnSpendItsBudget: a handler that outlasts
+// its timeout by calling a slow downstream, and one that swallows a failed
+// statement so that COMMIT rolls back, are the event's failures, not the
+// store's: each attempt counts and the message is dead-lettered after
+// DeliveryLimit attempts, not retried in place forever.
+func TestFailuresThatAreTheEventsOwnSpendItsBudget(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		apply  func(ctx context.Context, tx pgx.Tx) error
+		reason string
+	}{
+		{"slow downstream honouring ctx", func(ctx context.Context, _ pgx.Tx) error {
+			select { // a downstream call that takes longer than the handler may
+			case <-time.After(10 * time.Second):
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}, consumer.ReasonHandlerTimeout},
+		{"query outlasting the timeout", func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `SELECT pg_sleep(10)`)
+			return err
+		}, consumer.ReasonHandlerTimeout},
+		{"failed statement swallowed, COMMIT rolls back", func(ctx context.Context, tx pgx.Tx) error {
+			_, _ = tx.Exec(ctx, `SELECT 1/0`) // the handler ignores the error; the tx is now aborted
+			return nil
+		}, consumer.ReasonCommitFailed},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			var attempts atomic.Int64
+			r := startRig(t, handlerFunc{apply: func(ctx context.Context, tx pgx.Tx) error {
+				attempts.Add(1)
+				return c.apply(ctx, tx)
+			}}, func(cfg *consumer.Config) { cfg.HandlerTimeout = 300 * time.Millisecond })
+			r.publish("evt_1", "x")
+			d := r.deadLetter()
+			require.Equal(t, c.reason, d.Headers[consumer.HeaderReason])
+			require.Equal(t, int64(2), d.Headers[consumer.HeaderDeliveryCount])
+			require.Equal(t, int64(2), attempts.Load(), "one attempt per delivery, DeliveryLimit deliveries")
+			var rows int
+			require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*) FROM idem_processed`).Scan(&rows))
+			require.Zero(t, rows, "nothing of a failed attempt commits")
+		})
+	}
+}
+
+// TestDecodeSeesTheMessageID: a service can key idempotency on the AMQP
+// message ID rather than on anything in the body.
+func TestDecodeSeesTheMessageID(t *testing.T) {
+	t.Parallel()
+	var applied atomic.Int64
+	r := startRig(t, handlerFunc{apply: func(context.Context, pgx.Tx) error {
+		applied.Add(1)
+		return nil
+	}}, nil)
+	r.publish("msg-1", "same body")
+	r.publish("msg-1", "same body")
+	r.publish("msg-2", "same body")
+	require.Eventually(t, func() bool {
+		return r.stats["processed"].Load()+r.stats["duplicate_postgres"].Load() == 3
+	}, 30*time.Second, 10*time.Millisecond)
+	require.Equal(t, int64(2), applied.Load())
+	r.publish("msg-1", "other body")
+	d := r.deadLetter()
+	require.Equal(t, consumer.ReasonPayloadConflict, d.Headers[consumer.HeaderReason])
+}

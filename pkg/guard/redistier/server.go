@@ -1,0 +1,52 @@
+package redistier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// MinRedisVersion is the oldest Redis the fast tier works with: Claim's
+// SET … NX PX … GET arrived in 7.0. On an older server every Claim fails,
+// the breaker stays open, and the tier is silently off.
+const MinRedisVersion = "7.0"
+
+// ErrRedisTooOld is returned by CheckServer for a Redis older than MinRedisVersion.
+var ErrRedisTooOld = errors.New("redis is too old for the fast tier")
+
+// CheckServer asks the server for its version and returns ErrRedisTooOld
+// (wrapped with the version) if it is older than MinRedisVersion. Call it at
+// start: on an older Redis, turn the fast tier off or upgrade. A server that
+// does not answer is a plain error; the breaker handles that at run time.
+func CheckServer(ctx context.Context, rdb redis.UniversalClient) error {
+	info, err := rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return fmt.Errorf("redis INFO server: %w", err)
+	}
+	return checkVersion(info)
+}
+
+func checkVersion(info string) error {
+	for line := range strings.Lines(info) {
+		v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:")
+		if !ok {
+			continue
+		}
+		major, rest, _ := strings.Cut(v, ".")
+		minor, _, _ := strings.Cut(rest, ".")
+		maj, err1 := strconv.Atoi(major)
+		_, err2 := strconv.Atoi(minor)
+		if err1 != nil || err2 != nil {
+			return fmt.Errorf("redis INFO server: unreadable redis_version %q", v)
+		}
+		if maj < 7 {
+			return fmt.Errorf("%w: %s lacks SET … GET; it needs %s or later", ErrRedisTooOld, v, MinRedisVersion)
+		}
+		return nil
+	}
+	return errors.New("redis INFO server: no redis_version")
+}
