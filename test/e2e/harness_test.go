@@ -136,6 +136,28 @@ func (e *env) idem(args ...string) (string, error) {
 	return out.String(), err
 }
 
+// result is how an idem command ended.
+type result struct {
+	code int // exit status
+	out  string
+}
+
+// run runs an idem subcommand with extra environment and returns how it
+// ended. A command still running after a minute fails the test: every
+// command run this way must end by itself.
+func (e *env) run(extraEnv []string, args ...string) result {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, idemBin, args...)
+	cmd.Env = append(append(os.Environ(), e.vars...), extraEnv...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	require.NoError(e.t, ctx.Err(), "idem %v did not end by itself:\n%s", args, out.String())
+	return result{code: exitCode(err), out: out.String()}
+}
+
 // publish sends count events plus dupRatio re-sends and returns the manifest.
 func (e *env) publish(count int, dupRatio float64, extra ...string) loadgen.Manifest {
 	e.t.Helper()
