@@ -123,6 +123,9 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	err = c.Run(ctx)
 	log.Info("stopped", "outcomes", metrics)
 	stopStats()
+	if errors.Is(err, consumer.ErrBrokerRefused) || errors.Is(err, consumer.ErrBrokerUnreachable) {
+		return fmt.Errorf("amqp_url: %w", err)
+	}
 	return err
 }
 

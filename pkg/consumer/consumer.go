@@ -52,14 +52,15 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if isBadTopology(err) || isRefused(err) {
-			// The queue exists with other arguments, or the broker refused
-			// our credentials or vhost: retrying cannot help, and a fleet
-			// member spinning on it would hide the mistake.
+		switch {
+		case isBadTopology(err):
+			// The queue exists with other arguments: retrying cannot help,
+			// and a fleet member spinning on it would hide the mistake.
 			return err
-		}
-		if !c.consumed.Load() && time.Since(began) >= c.cfg.StartupTimeout {
-			return fmt.Errorf("RabbitMQ not usable within startup_timeout (%s): %w", c.cfg.StartupTimeout, err)
+		case isRefused(err):
+			return fmt.Errorf("%w (check the URL's user, password and vhost): %w", ErrBrokerRefused, err)
+		case !c.consumed.Load() && time.Since(began) >= c.cfg.StartupTimeout:
+			return fmt.Errorf("%w within StartupTimeout (%s): %w", ErrBrokerUnreachable, c.cfg.StartupTimeout, err)
 		}
 		if time.Since(started) > c.cfg.ReconnectBackoff.Max {
 			attempt = 1 // the session was healthy for a while: start over
@@ -189,6 +190,15 @@ type declareError struct{ err error }
 
 func (e *declareError) Error() string { return e.err.Error() }
 func (e *declareError) Unwrap() error { return e.err }
+
+// Errors Run returns at start.
+var (
+	// ErrBrokerRefused: RabbitMQ refused the connection for a reason a
+	// retry cannot fix (credentials, vhost).
+	ErrBrokerRefused = errors.New("RabbitMQ refused the connection")
+	// ErrBrokerUnreachable: no session reached Consume within StartupTimeout.
+	ErrBrokerUnreachable = errors.New("RabbitMQ was not reachable")
+)
 
 // isRefused reports a connection the broker refused for a reason a retry
 // cannot fix: bad credentials (403) or a missing or forbidden vhost (530).

@@ -107,6 +107,7 @@ func TestPostgresOutageHoldsThenHandsBack(t *testing.T) {
 	e.publishRaw(payment("evt_held", "user_1", 5))
 	e.waitLog("handing the delivery back")
 	pg.Start()
+	e.pool.Reset() // its connections died with the server
 	e.waitRows(1)
 	stats := e.stopAll()
 	require.Positive(t, stats["count/"+consumer.CounterStoreRetry], "%v", stats)

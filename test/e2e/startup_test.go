@@ -1,0 +1,87 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/testenv"
+)
+
+// TestStartupSaysWhatIsWrongAndStops: an error that cannot fix itself ends
+// `idem consume` with exit 1 and a message naming the setting and the
+// cause, long before the start-up deadline (30s here; e.run fails the test
+// if a command runs for a minute). Before, each of these logged "consuming"
+// or nothing and retried for ever.
+func TestStartupSaysWhatIsWrongAndStops(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", "")
+	ctx := context.Background()
+
+	// A schema whose idem_processed predates the migration ledger: the
+	// first migration fails with 42P07.
+	stalePool, stale := testenv.Schema(t)
+	_, err := stalePool.Exec(ctx, `DROP TABLE idem_migrations`)
+	require.NoError(t, err)
+
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer busy.Close()
+	closed := testenv.FreePort(t)
+	amqpUser := func(userinfo string) string {
+		return strings.Replace(e.amqpURL, "guest:guest", userinfo, 1)
+	}
+
+	cases := []struct {
+		name     string
+		env      []string
+		contains []string
+	}{
+		{"AMQP bad password", []string{"AMQP_URL=" + amqpUser("guest:wrong")}, []string{"amqp_url", "refused", "403"}},
+		{"AMQP missing vhost", []string{"AMQP_URL=" + strings.TrimSuffix(e.amqpURL, "/") + "/no_such_vhost"}, []string{"amqp_url", "refused"}},
+		{"AMQP http scheme", []string{"AMQP_URL=http://guest:guest@127.0.0.1:5672/"}, []string{"amqp_url", "cannot be parsed"}},
+		{"AMQP unparseable", []string{"AMQP_URL=amqp://guest:guest@127.0.0.1:notaport/"}, []string{"amqp_url", "cannot be parsed"}},
+		{"migration 42P07", []string{"DATABASE_URL=" + stale}, []string{"migrations failed, and retrying cannot fix it", "42P07"}},
+		{"schema missing (3F000)", []string{"DATABASE_URL=" + testenv.WithParam(testenv.DatabaseURL(), "search_path", "no_such_schema_idem")}, []string{"retrying cannot fix it", "3F000"}},
+		{"database missing", []string{"DATABASE_URL=postgres://postgres@127.0.0.1:5432/no_such_db_idem?sslmode=disable"}, []string{"retrying cannot fix it", "3D000"}},
+		{"metrics_addr taken", []string{"IDEM_METRICS_ADDR=" + busy.Addr().String()}, []string{"metrics_addr", "address already in use"}},
+		{"metrics_addr malformed", []string{"IDEM_METRICS_ADDR=nohost:port:x"}, []string{"metrics_addr"}},
+		{"misspelt variable", []string{"IDEM_CONSUMER_WORKRS=4"}, []string{"IDEM_CONSUMER_WORKRS names no setting"}},
+		// A service that is not up is waited for, visibly, until the deadline.
+		{"Postgres not up", []string{"DATABASE_URL=postgres://postgres@127.0.0.1:" + fmt.Sprint(closed) + "/test?sslmode=disable", "IDEM_CONSUMER_STARTUP_TIMEOUT=2s"},
+			[]string{"waiting for PostgreSQL", "database_url: PostgreSQL was not reachable within consumer.startup_timeout (2s)"}},
+		{"RabbitMQ not up", []string{"AMQP_URL=amqp://guest:guest@127.0.0.1:" + fmt.Sprint(closed) + "/", "IDEM_CONSUMER_STARTUP_TIMEOUT=2s"},
+			[]string{"amqp_url: RabbitMQ was not reachable within StartupTimeout (2s)"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := e.run(append([]string{"IDEM_CONSUMER_STARTUP_TIMEOUT=30s"}, c.env...), "consume")
+			require.Equal(t, 1, r.code, r.out)
+			for _, s := range c.contains {
+				require.Contains(t, r.out, s)
+			}
+			require.NotContains(t, r.out, "msg=consuming")
+		})
+	}
+}
+
+// TestConsumerWaitsForAPostgresThatIsNotUpYet: a fleet may start before its
+// database; the consumer waits, saying so, and consumes once it is up.
+func TestConsumerWaitsForAPostgresThatIsNotUpYet(t *testing.T) {
+	t.Parallel()
+	pg := testenv.StartPostgres(t)
+	e := newEnvOn(t, "", "", pg.URL())
+	pg.Stop()
+	c := e.consume("c0")
+	e.waitLog("waiting for PostgreSQL")
+	pg.Start()
+	e.pool.Reset() // its connections died with the server
+	e.waitConsuming(c)
+	e.publishRaw(payment("evt_late", "user_1", 3))
+	e.waitRows(1)
+	e.stopAll()
+}
