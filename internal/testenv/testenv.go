@@ -49,6 +49,20 @@ func Schema(t testing.TB) (*pgxpool.Pool, string) { return SchemaOn(t, DatabaseU
 // SchemaOn is Schema on the server at dbURL.
 func SchemaOn(t testing.TB, dbURL string) (*pgxpool.Pool, string) {
 	t.Helper()
+	pool, u := emptySchemaOn(t, dbURL)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := payments.Migrate(ctx, pool); err != nil {
+		t.Fatalf("testenv: migrate: %v", err)
+	}
+	return pool, u
+}
+
+// EmptySchema is Schema without any tables.
+func EmptySchema(t testing.TB) (*pgxpool.Pool, string) { return emptySchemaOn(t, DatabaseURL()) }
+
+func emptySchemaOn(t testing.TB, dbURL string) (*pgxpool.Pool, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	schema := Name(t)
@@ -79,9 +93,6 @@ func SchemaOn(t testing.TB, dbURL string) (*pgxpool.Pool, string) {
 		t.Fatalf("testenv: pool: %v", err)
 	}
 	t.Cleanup(pool.Close)
-	if _, err := payments.Migrate(ctx, pool); err != nil {
-		t.Fatalf("testenv: migrate: %v", err)
-	}
 	return pool, u
 }
 

@@ -1,0 +1,40 @@
+package migrations_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/migrations"
+)
+
+// TestGuardMigrationsTouchOnlyIdemTables: in a service's database that
+// already has tables of its own, even ones named like the reference
+// handler's, the guard's migrations create their tables and nothing else.
+func TestGuardMigrationsTouchOnlyIdemTables(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.EmptySchema(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `CREATE TABLE account_balances (account text PRIMARY KEY, cents bigint)`)
+	require.NoError(t, err)
+	ran, err := migrations.Apply(ctx, pool)
+	require.NoError(t, err)
+	require.NotEmpty(t, ran)
+
+	var tables []string
+	rows, err := pool.Query(ctx, `SELECT table_name FROM information_schema.tables
+		WHERE table_schema = current_schema() ORDER BY table_name`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var n string
+		require.NoError(t, rows.Scan(&n))
+		tables = append(tables, n)
+	}
+	require.Equal(t, []string{"account_balances", "idem_horizon", "idem_migrations", "idem_processed"}, tables)
+
+	again, err := migrations.Apply(ctx, pool)
+	require.NoError(t, err)
+	require.Empty(t, again, "applied twice")
+}
