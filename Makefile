@@ -17,7 +17,7 @@ services:
 	@bash .ci/services.sh
 
 build:
-	$(GO) build -o bin/idem ./cmd/idem
+	$(GO) build -buildvcs=auto -o bin/idem ./cmd/idem
 
 lint:
 	@test -z "$$(gofmt -l .)" || (gofmt -l .; exit 1)

@@ -34,6 +34,7 @@ var commands = []command{
 	{"lab", "compare the five dedup approaches under the same faults", runLab},
 	{"lab-worker", "one worker process of 'idem lab' (started by it)", runLabWorker},
 	{"config", "print every setting with its environment variable and value", runConfig},
+	{"version", "print the version and VCS revision of this binary", runVersion},
 }
 
 // env is what every subcommand gets from the process.
@@ -74,6 +75,9 @@ func (e *redactedError) Unwrap() error { return e.err }
 
 func run(ctx context.Context, e *env, args []string) error {
 	stdout, stderr := e.stdout, e.stderr
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
+		return runVersion(ctx, e, args[1:])
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stdout)
 		if len(args) == 0 {

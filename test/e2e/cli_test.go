@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"os/exec"
+	"os"
 	"path/filepath"
+	"regexp"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -85,6 +88,8 @@ func TestCommandLineContract(t *testing.T) {
 		{[]string{"migrate"}, nil, 0, "up to date"},
 		{[]string{"consume"}, []string{"IDEM_CONSUMER_BROKER_DELIVERY_LIMIT=7"}, 1, "PRECONDITION_FAILED"},
 		{[]string{"config"}, nil, 0, "IDEM_REDIS_DONE_TTL"},
+		{[]string{"version"}, nil, 0, "idem github.com/idemhq/idem "},
+		{[]string{"--version"}, nil, 0, runtime.Version()},
 	}
 	for _, c := range cases {
 		saved := e.vars
@@ -93,5 +98,32 @@ func TestCommandLineContract(t *testing.T) {
 		e.vars = saved
 		require.Equal(t, c.code, exitCode(err), "idem %v: %s", c.args, out)
 		require.Contains(t, out, c.contains, "idem %v", c.args)
+	}
+}
+
+// TestTheRepositoryStandsOnItsOwn: a licence, a changelog, a version that
+// names the revision it was built from, and docs that point at nothing
+// outside the repository.
+func TestTheRepositoryStandsOnItsOwn(t *testing.T) {
+	t.Parallel()
+	lic, err := os.ReadFile("../../LICENSE")
+	require.NoError(t, err)
+	require.Contains(t, string(lic), "Apache License\n                           Version 2.0")
+	changelog, err := os.ReadFile("../../CHANGELOG.md")
+	require.NoError(t, err)
+	require.Contains(t, string(changelog), "## Unreleased")
+
+	out, err := exec.Command(idemBin, "version").CombinedOutput()
+	require.NoError(t, err, string(out))
+	if _, err := os.Stat("../../.git"); err == nil {
+		require.Regexp(t, regexp.MustCompile(`\b[0-9a-f]{40}\b`), string(out), "a build from a checkout names its revision")
+	}
+
+	docs, err := filepath.Glob("../../docs/*.md")
+	require.NoError(t, err)
+	for _, f := range append(docs, "../../README.md", "../../CHANGELOG.md") {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		require.NotRegexp(t, `shared/|DESIGN\.md|STYLE\.md|\bI[1-8]\b`, string(b), "%s points outside the repository", f)
 	}
 }

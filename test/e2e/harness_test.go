@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	idemBin = filepath.Join(dir, "idem")
-	args := []string{"build", "-o", idemBin}
+	args := []string{"build", "-buildvcs=auto", "-o", idemBin}
 	if raceEnabled {
 		args = append(args, "-race")
 	}

@@ -1,0 +1,39 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+)
+
+// Version describes the running binary from its build info: the module
+// version (or "(devel)"), the VCS revision and whether the tree was modified.
+func Version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "idem (no build info)"
+	}
+	rev, modified, when := "unknown", "", ""
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				modified = " (modified)"
+			}
+		case "vcs.time":
+			when = " " + s.Value
+		}
+	}
+	return fmt.Sprintf("idem %s %s %s%s%s %s", bi.Main.Path, bi.Main.Version, rev, modified, when, bi.GoVersion)
+}
+
+func runVersion(_ context.Context, e *env, args []string) error {
+	fs := newFlags(e, "version", "Prints the module version, VCS revision and Go version of this binary.")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stdout, Version())
+	return nil
+}
