@@ -68,7 +68,7 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 	}
 	switch p.Kind {
 	case ConsumerKill:
-		return "SIGKILL " + r.fleet.Kill(p.Slot), nil
+		return "SIGKILL " + r.fleet.kill(p.Slot), nil
 	case CrashPoint:
 		name, err := r.fleet.arm(p.Slot, p.Step, p.After)
 		return fmt.Sprintf("%s armed to SIGKILL itself at %s (pass %d)", name, p.Step, p.After), err

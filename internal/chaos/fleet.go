@@ -18,8 +18,11 @@ type consumers struct {
 	prefix string
 	t0     time.Time
 
+	size int
+
 	mu      sync.Mutex
 	crashes []CrashRecord
+	armed   map[int]string // slot -> name of the armed consumer started there
 }
 
 // CrashRecord is one consumer that died of its armed crash point.
@@ -30,7 +33,7 @@ type CrashRecord struct {
 }
 
 func startConsumers(o Options, prefix string, env []string, t0 time.Time) (*consumers, error) {
-	c := &consumers{prefix: prefix, t0: t0}
+	c := &consumers{prefix: prefix, t0: t0, size: o.Consumers, armed: map[int]string{}}
 	var args []string
 	if o.ConfigPath != "" {
 		args = []string{"--config", o.ConfigPath}
@@ -57,7 +60,37 @@ func startConsumers(o Options, prefix string, env []string, t0 time.Time) (*cons
 // arm replaces slot's consumer with one that SIGKILLs itself at step on
 // its after-th pass.
 func (c *consumers) arm(slot int, step string, after int) (string, error) {
-	return c.Replace(slot, []string{crashpoint.EnvAt + "=" + step, crashpoint.EnvAfter + "=" + strconv.Itoa(after)})
+	slot = c.target(slot)
+	name, err := c.Replace(slot, []string{crashpoint.EnvAt + "=" + step, crashpoint.EnvAfter + "=" + strconv.Itoa(after)})
+	c.mu.Lock()
+	c.armed[slot] = name
+	c.mu.Unlock()
+	return name, err
+}
+
+// kill SIGKILLs a consumer, slot's unless target moves it.
+func (c *consumers) kill(slot int) string { return c.Kill(c.target(slot)) }
+
+// target returns slot, or the next slot along if slot still runs an armed
+// consumer that has not reached its step: replacing it would take away its
+// chance to die there (it may have spent its time waiting out a Postgres
+// restart). If every slot is so armed, slot itself.
+func (c *consumers) target(slot int) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range c.size {
+		s := (slot + i) % c.size
+		p := c.Current(s)
+		if p == nil || p.Name != c.armed[s] {
+			return s
+		}
+		select {
+		case <-p.Done():
+			return s
+		default:
+		}
+	}
+	return slot
 }
 
 // stop drains the fleet with SIGTERM and returns the consumers that did not

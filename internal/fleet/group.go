@@ -127,6 +127,14 @@ func (g *Group) Replace(i int, extraEnv []string) (string, error) {
 	return g.live[i].Name, nil
 }
 
+// Current returns slot i's process now, or nil between a death and its
+// replacement.
+func (g *Group) Current(i int) *Proc {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.live[i]
+}
+
 // Alive counts the processes running now.
 func (g *Group) Alive() int {
 	n := 0
