@@ -3,8 +3,8 @@ package e2e
 import (
 	"context"
 	"errors"
-	"os/exec"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
