@@ -30,3 +30,17 @@ func TestCountsAndPrometheusText(t *testing.T) {
 	require.Contains(t, b.String(), `idem_breaker_transitions_total{from="closed",to="open"} 1`)
 	require.Contains(t, b.String(), "idem_breaker_open 1")
 }
+
+func TestCountersAreSnapshottedAndExposed(t *testing.T) {
+	m := New()
+	m.Count("store_retries_in_place")
+	m.Count("store_retries_in_place")
+	m.Count("untimed_accepted")
+	snap := m.Snapshot()
+	require.Equal(t, int64(2), snap["count/store_retries_in_place"])
+	require.Equal(t, int64(1), snap["count/untimed_accepted"])
+	var b strings.Builder
+	m.WriteProm(&b)
+	require.Contains(t, b.String(), "# TYPE idem_store_retries_in_place_total counter\nidem_store_retries_in_place_total 2\n")
+	require.Contains(t, b.String(), "idem_untimed_accepted_total 1\n")
+}

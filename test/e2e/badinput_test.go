@@ -26,16 +26,9 @@ func TestBadInputIsDeadLetteredWithAReason(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "", "")
 	e.vars = append(e.vars, "IDEM_CONSUMER_DELIVERY_LIMIT=3")
-	// A handler that keeps failing: the ledger refuses one user. A balance
-	// one payment short of overflowing bigint.
-	_, err := e.pool.Exec(context.Background(), `
-		CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.user_id = 'user_poison' THEN RAISE EXCEPTION 'poisoned payment'; END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER poison BEFORE INSERT ON payments_ledger FOR EACH ROW EXECUTE FUNCTION poison();
-		INSERT INTO account_balances (user_id, balance) VALUES ('user_rich', 9223372036854775000);`)
+	e.poisonLedger()
+	// A balance one payment short of overflowing bigint.
+	_, err := e.pool.Exec(context.Background(), `INSERT INTO account_balances (user_id, balance) VALUES ('user_rich', 9223372036854775000)`)
 	require.NoError(t, err)
 	e.consume("c0")
 

@@ -203,13 +203,9 @@ func TestBrokerCountersAreTheBrokers(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "", "")
 	e.vars = append(e.vars, "IDEM_CONSUMER_DELIVERY_LIMIT=3")
-	_, err := e.pool.Exec(context.Background(), `
-		CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN RAISE EXCEPTION 'poisoned payment'; END $$;
-		CREATE TRIGGER poison BEFORE INSERT ON payments_ledger FOR EACH ROW EXECUTE FUNCTION poison();`)
-	require.NoError(t, err)
+	e.poisonLedger()
 	e.consume("c0")
-	forged := payment("evt_forged", "user_1", 1)
+	forged := payment("evt_forged", "user_poison", 1)
 	forged.Headers = amqp.Table{"x-delivery-count": int64(7), "x-trace": "abc"}
 	e.publishRaw(forged)
 	d := e.deadLetters(1)[0]

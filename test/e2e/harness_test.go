@@ -136,6 +136,20 @@ func (e *env) idem(args ...string) (string, error) {
 	return out.String(), err
 }
 
+// poisonLedger makes every payment of user_poison fail in the handler, as a
+// handler that keeps failing would.
+func (e *env) poisonLedger() {
+	e.t.Helper()
+	_, err := e.pool.Exec(context.Background(), `
+		CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.user_id = 'user_poison' THEN RAISE EXCEPTION 'poisoned payment'; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER poison BEFORE INSERT ON payments_ledger FOR EACH ROW EXECUTE FUNCTION poison();`)
+	require.NoError(e.t, err)
+}
+
 // result is how an idem command ended.
 type result struct {
 	code int // exit status
