@@ -49,7 +49,7 @@ type deadLetterer struct {
 // the broker (nack with requeue) when that cannot be reached now.
 func (w *worker[T]) handle(ctx context.Context, d amqp.Delivery) {
 	cfg := &w.c.cfg
-	ev, v, err := w.c.handler.Decode(Message{ID: d.MessageId, Timestamp: d.Timestamp, ContentType: d.ContentType, Headers: d.Headers, Body: d.Body})
+	ev, v, err := w.c.handler.Decode(messageOf(d))
 	if err != nil {
 		reason, ok := rejectReason(err)
 		if !ok {
@@ -83,7 +83,7 @@ func (w *worker[T]) handle(ctx context.Context, d amqp.Delivery) {
 			w.requeue(d, RequeueShutdown)
 			return
 		}
-		verdict, reason := classify(err, timedOut && ctx.Err() == nil)
+		verdict, reason := classify(err, timedOut)
 		switch verdict {
 		case deadLetterNow:
 			w.deadLetter(ctx, d, reason, err)
@@ -116,6 +116,11 @@ func (w *worker[T]) handle(ctx context.Context, d amqp.Delivery) {
 		w.requeue(d, reason)
 		return
 	}
+}
+
+// messageOf is what a Handler's Decode sees of d.
+func messageOf(d amqp.Delivery) Message {
+	return Message{ID: d.MessageId, Timestamp: d.Timestamp, ContentType: d.ContentType, Headers: d.Headers, Body: d.Body}
 }
 
 func (w *worker[T]) ack(ctx context.Context, d amqp.Delivery, o guard.Outcome, reason string) {
