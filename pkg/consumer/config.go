@@ -194,11 +194,12 @@ func (c *Config) setDefaults() {
 }
 
 func (c *Config) validate() error {
+	_, uriErr := amqp.ParseURI(c.URL)
 	switch {
 	case c.URL == "":
 		return errors.New("consumer: URL is required")
-	case validURI(c.URL) != nil:
-		return fmt.Errorf("consumer: URL: %w", validURI(c.URL))
+	case uriErr != nil:
+		return fmt.Errorf("consumer: URL: %w", uriErr)
 	case c.StartupTimeout <= 0:
 		return fmt.Errorf("consumer: StartupTimeout must be positive, got %s", c.StartupTimeout)
 	case c.Queue == "":
@@ -234,9 +235,4 @@ func (c *Config) validate() error {
 		}
 	}
 	return nil
-}
-
-func validURI(u string) error {
-	_, err := amqp.ParseURI(u)
-	return err
 }

@@ -40,9 +40,12 @@ func (c *Consumer[T]) Topology() Topology { return c.topology }
 
 // Run consumes until ctx ends, reconnecting with backoff whenever the
 // connection or a channel is lost. It returns an error at once if the queue
-// exists with arguments other than the Config asks for. When ctx ends it stops taking deliveries,
-// lets in-flight work finish (up to DrainTimeout), acks what committed and
-// closes. It returns nil after a clean drain.
+// exists with arguments other than the Config asks for, or if the broker
+// refuses the credentials or vhost (ErrBrokerRefused), and after
+// StartupTimeout if no session has consumed yet (ErrBrokerUnreachable). When
+// ctx ends it stops taking deliveries, lets in-flight work finish (up to
+// DrainTimeout), acks what committed and closes. It returns nil after a clean
+// drain.
 func (c *Consumer[T]) Run(ctx context.Context) error {
 	log := c.cfg.Logger
 	began := time.Now()

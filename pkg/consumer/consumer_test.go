@@ -49,6 +49,10 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		"BrokerDeliveryLimit": {URL: "amqp://", Queue: "q", DeliveryLimit: 9, BrokerDeliveryLimit: 3},
 		"RetryBackoff":        {URL: "amqp://", Queue: "q", RetryBackoff: Backoff{Min: time.Second, Max: time.Millisecond}},
 		"Retention":           {URL: "amqp://", Queue: "q", Retention: -time.Second},
+		"Prefetch":            {URL: "amqp://", Queue: "q", Prefetch: 65536},
+		"Untimed":             {URL: "amqp://", Queue: "q", Untimed: "sometimes"},
+		"StoreHold":           {URL: "amqp://", Queue: "q", StoreHold: -time.Second},
+		"ClockSkew":           {URL: "amqp://", Queue: "q", ClockSkew: -time.Second},
 	}
 	for field, cfg := range cases {
 		cfg.setDefaults()
@@ -57,6 +61,9 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 	ok := Config{URL: "amqp://", Queue: "q"}
 	ok.setDefaults()
 	require.NoError(t, ok.validate())
+	bad := Config{URL: "http://guest:guest@127.0.0.1:5672/", Queue: "q"}
+	bad.setDefaults()
+	require.ErrorContains(t, bad.validate(), "consumer: URL")
 }
 
 func TestTopologyNamesFollowTheQueue(t *testing.T) {
