@@ -30,11 +30,11 @@ func (c Config) Validate() error {
 	// stops the start instead of a reconnect loop. (Their errors may quote
 	// the URL; the command's output is redacted.)
 	if _, err := amqp.ParseURI(c.AMQPURL); err != nil {
-		return bad("amqp_url", "cannot be parsed as an AMQP URL (amqp://user:password@host:5672/vhost): %v", err)
+		return bad("amqp_url", "cannot be parsed as an AMQP URL (amqp:// or amqps://, host, port, vhost): %v", err)
 	}
 	if c.Redis.Enabled {
 		if _, err := redis.ParseURL(c.RedisURL); err != nil {
-			return bad("redis_url", "cannot be parsed as a Redis URL (redis://[:password@]host:6379/db): %v", err)
+			return bad("redis_url", "cannot be parsed as a Redis URL (redis:// or rediss://, host, port, database number): %v", err)
 		}
 	}
 	if _, err := pgxpool.ParseConfig(c.DatabaseURL); err != nil {
