@@ -69,7 +69,7 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	// Record the retention we enforce, so that prune cannot cut below it,
 	// and learn where an earlier prune cut.
 	var horizon pgtier.Horizon
-	err = waitPostgres(ctx, startup, "recording the retention in idem_horizon", log, func(ctx context.Context) (err error) {
+	err = waitPostgres(ctx, startup, "recording the retention in idem_horizon (run 'idem migrate' if the table is missing)", log, func(ctx context.Context) (err error) {
 		horizon, err = store.EnforceRetention(ctx, cfg.Postgres.Retention, cfg.Consumer.ClockSkew)
 		return err
 	})
