@@ -128,12 +128,19 @@ func (e *env) dumpLogs() {
 
 // idem runs an idem subcommand to completion and returns its output.
 func (e *env) idem(args ...string) (string, error) {
-	cmd := exec.Command(idemBin, args...)
-	cmd.Env = append(os.Environ(), e.vars...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd, out := e.command(context.Background(), nil, args...)
 	err := cmd.Run()
 	return out.String(), err
+}
+
+// command prepares an idem subcommand with the test's environment plus
+// extraEnv; its stdout and stderr go to out.
+func (e *env) command(ctx context.Context, extraEnv []string, args ...string) (cmd *exec.Cmd, out *bytes.Buffer) {
+	cmd = exec.CommandContext(ctx, idemBin, args...)
+	cmd.Env = append(append(os.Environ(), e.vars...), extraEnv...)
+	out = &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	return cmd, out
 }
 
 // poisonLedger makes every payment of user_poison fail in the handler, as a
@@ -163,10 +170,7 @@ func (e *env) run(extraEnv []string, args ...string) result {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, idemBin, args...)
-	cmd.Env = append(append(os.Environ(), e.vars...), extraEnv...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd, out := e.command(ctx, extraEnv, args...)
 	err := cmd.Run()
 	require.NoError(e.t, ctx.Err(), "idem %v did not end by itself:\n%s", args, out.String())
 	return result{code: exitCode(err), out: out.String()}

@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -91,12 +89,9 @@ func TestNoSecretIsPrinted(t *testing.T) {
 func (e *env) runBriefly(t *testing.T, extraEnv []string, args ...string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, idemBin, args...)
-	cmd.Env = append(append(os.Environ(), e.vars...), extraEnv...)
+	cmd, out := e.command(ctx, extraEnv, args...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 30 * time.Second
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
 	_ = cmd.Run()
 	return out.String()
 }
