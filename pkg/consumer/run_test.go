@@ -133,7 +133,7 @@ func TestFailuresThatAreTheEventsOwnSpendItsBudget(t *testing.T) {
 			r := startRig(t, handlerFunc{apply: func(ctx context.Context, tx pgx.Tx) error {
 				attempts.Add(1)
 				return c.apply(ctx, tx)
-			}}, func(cfg *consumer.Config) { cfg.HandlerTimeout = 300 * time.Millisecond })
+			}}, func(cfg *consumer.Config) { cfg.HandlerTimeout = time.Second })
 			r.publish("evt_1", "x")
 			d := r.deadLetter()
 			require.Equal(t, c.reason, d.Headers[consumer.HeaderReason])

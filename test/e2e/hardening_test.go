@@ -37,7 +37,7 @@ func TestNothingIsRetriedInPlaceForever(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "", "")
 	e.vars = append(e.vars, "IDEM_CONSUMER_DELIVERY_LIMIT=2", "IDEM_CONSUMER_WORKERS=2", "IDEM_CONSUMER_PREFETCH=2",
-		"IDEM_CONSUMER_HANDLER_TIMEOUT=300ms", "IDEM_REDIS_TIMEOUT=20ms")
+		"IDEM_CONSUMER_HANDLER_TIMEOUT=1s")
 	_, err := e.pool.Exec(context.Background(), `
 		CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
