@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard/pgtier"
 )
 
@@ -31,11 +30,11 @@ older than that.`)
 	defer pool.Close()
 	store := pgtier.New(pool)
 	if *reset {
-		if err := store.ResetHorizon(ctx, cfg.Postgres.Retention, consumer.DefaultClockSkew); err != nil {
+		if err := store.ResetHorizon(ctx, cfg.Postgres.Retention, cfg.Consumer.ClockSkew); err != nil {
 			return err
 		}
 	}
-	n, cutoff, err := store.Prune(ctx, cfg.Postgres.Retention, *batch)
+	n, cutoff, err := store.Prune(ctx, cfg.Postgres.Retention, cfg.Consumer.ClockSkew, *batch)
 	if err != nil {
 		return err
 	}

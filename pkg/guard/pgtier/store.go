@@ -180,24 +180,24 @@ func (s *Store) EnforceRetention(ctx context.Context, retention, skew time.Durat
 var ErrRetentionBelowConsumers = errors.New("retention is shorter than consumers enforce")
 
 // Prune deletes dedup rows processed more than retention + the recorded
-// clock skew ago, in batches of batch rows, and returns how many it deleted
-// and where it cut. It refuses a retention shorter than the one recorded by
+// clock skew ago (skew, if no consumer has recorded one yet), in batches of
+// batch rows, and returns how many it deleted and where it cut. It refuses a retention shorter than the one recorded by
 // EnforceRetention (ErrRetentionBelowConsumers): a consumer could then accept
 // a redelivery whose row is gone, and apply it twice. It records the cut
 // before deleting anything, so a consumer that starts meanwhile sees it.
-func (s *Store) Prune(ctx context.Context, retention time.Duration, batch int) (int64, time.Time, error) {
-	if retention <= 0 || batch < 1 {
-		return 0, time.Time{}, fmt.Errorf("prune: want a positive retention and batch, got %s and %d", retention, batch)
+func (s *Store) Prune(ctx context.Context, retention, skew time.Duration, batch int) (int64, time.Time, error) {
+	if retention <= 0 || skew < 0 || batch < 1 {
+		return 0, time.Time{}, fmt.Errorf("prune: want a positive retention and batch and a non-negative skew, got %s, %d and %s", retention, batch, skew)
 	}
 	var cutoff time.Time
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var recorded, skew time.Duration
+		var recorded time.Duration
 		err := tx.QueryRow(ctx, `SELECT retention, clock_skew FROM idem_horizon FOR UPDATE`).Scan(&recorded, &skew)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
-			// No consumer has started on this database: record ours, with
-			// the consumers' default skew, so that they start from it.
-			recorded, skew = retention, guardDefaultSkew
+			// No consumer has started on this database: record ours, so
+			// that they start from it.
+			recorded = retention
 		case err != nil:
 			return fmt.Errorf("prune: read idem_horizon: %w", err)
 		case retention < recorded:
@@ -240,7 +240,3 @@ func (s *Store) ResetHorizon(ctx context.Context, retention, skew time.Duration)
 	}
 	return nil
 }
-
-// guardDefaultSkew is consumer.DefaultClockSkew, which this package cannot
-// import: the skew prune assumes before any consumer recorded one.
-const guardDefaultSkew = 5 * time.Minute

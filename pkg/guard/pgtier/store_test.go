@@ -196,7 +196,7 @@ func TestPruneDeletesOnlyRowsPastRetention(t *testing.T) {
 	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("fresh", "a")))
 	_, err := pool.Exec(ctx, `UPDATE idem_processed SET processed_at = now() - interval '2 days' WHERE event_id = 'old'`)
 	require.NoError(t, err)
-	n, cutoff, err := s.Prune(ctx, 24*time.Hour, 1)
+	n, cutoff, err := s.Prune(ctx, 24*time.Hour, 5*time.Minute, 1)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
 	require.WithinDuration(t, time.Now().Add(-24*time.Hour-5*time.Minute), cutoff, time.Minute)
@@ -224,13 +224,13 @@ func TestPruneCannotCutBelowWhatConsumersEnforce(t *testing.T) {
 	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("e", "a")))
 	_, err = pool.Exec(ctx, `UPDATE idem_processed SET processed_at = now() - interval '10 days'`)
 	require.NoError(t, err)
-	_, _, err = s.Prune(ctx, 7*24*time.Hour, 100)
+	_, _, err = s.Prune(ctx, 7*24*time.Hour, time.Minute, 100)
 	require.ErrorIs(t, err, pgtier.ErrRetentionBelowConsumers)
 	require.Equal(t, guard.ClaimDuplicate, claimCommit(t, s, ev("e", "a")), "a refused prune deletes nothing")
 
 	// After every consumer is lowered, the operator resets the record.
 	require.NoError(t, s.ResetHorizon(ctx, 7*24*time.Hour, time.Minute))
-	n, cutoff, err := s.Prune(ctx, 7*24*time.Hour, 100)
+	n, cutoff, err := s.Prune(ctx, 7*24*time.Hour, time.Minute, 100)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
 	// A consumer starting now learns where prune cut.
