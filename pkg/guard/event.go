@@ -80,7 +80,9 @@ func HashFields(fields ...string) []byte {
 	return h.Sum(nil)
 }
 
-func (e Event) validate() error {
+// Validate reports whether the guard can take e: a valid ID (see ValidateID)
+// and a payload hash.
+func (e Event) Validate() error {
 	if err := ValidateID(e.ID); err != nil {
 		return err
 	}

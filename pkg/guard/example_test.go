@@ -26,6 +26,7 @@ func ExampleOutcome_String() {
 	// processed
 	// duplicate_redis
 	// duplicate_postgres
+	// duplicate_batch
 	// payload_conflict
 	// retry
 	// dead_lettered

@@ -1,7 +1,6 @@
 package guard
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -55,6 +54,8 @@ type Guard struct {
 	fast  FastPath
 	hook  func(context.Context, Step)
 	log   *slog.Logger
+
+	markers *markerWriter
 }
 
 // New returns a Guard, or an error naming the bad Config field.
@@ -66,6 +67,7 @@ func New(cfg Config) (*Guard, error) {
 		return nil, errors.New("guard: Store is required")
 	}
 	g := &Guard{scope: cfg.Scope, store: cfg.Store, fast: cfg.Fast, hook: cfg.Hook, log: cfg.Logger}
+	g.markers = &markerWriter{g: g}
 	if g.hook == nil {
 		g.hook = func(context.Context, Step) {}
 	}
@@ -87,84 +89,31 @@ func (g *Guard) Scope() string { return g.scope }
 // committed by this call, or (for a *StoreError from commit) that the outcome
 // is unknown: in both cases running Process again is safe and decides it.
 func (g *Guard) Process(ctx context.Context, ev Event, apply ApplyFunc) (Outcome, error) {
-	if err := ev.validate(); err != nil {
+	res, err := g.ProcessBatch(ctx, []Event{ev}, func(ctx context.Context, tx pgx.Tx, _ []int) error {
+		return apply(ctx, tx)
+	})
+	if err != nil {
 		return OutcomeUnknown, err
 	}
-	events := []Event{ev}
-
-	var lease *Lease
-	if g.fast != nil {
-		r := g.fast.Claim(ctx, g.scope, events)[0]
-		g.hook(ctx, StepFastClaimed)
-		switch r.State {
-		case FastDone:
-			if bytes.Equal(r.Hash, ev.Hash) {
-				return OutcomeDuplicateRedis, nil
-			}
-			// Another payload under the same ID: let the store decide, it
-			// holds the hash of record.
-		case FastAcquired:
-			lease = &Lease{ID: ev.ID, Token: r.Token}
-		case FastSkipped:
-			if r.Err != nil {
-				g.log.DebugContext(ctx, "fast tier skipped", "event_id", ev.ID, "err", r.Err)
-			}
-		}
-	}
-
-	outcome, err := g.processInStore(ctx, events, apply)
-	switch {
-	case err == nil:
-		// The row is committed, by us or before us: done is now true.
-		if g.fast != nil {
-			if err := g.fast.MarkDone(ctx, g.scope, events); err != nil {
-				g.log.DebugContext(ctx, "mark done", "event_id", ev.ID, "err", err)
-			}
-			g.hook(ctx, StepMarkedDone)
-		}
-	case lease != nil:
-		g.release(ctx, *lease)
-	}
-	return outcome, err
+	return res[0].Outcome, res[0].Err
 }
 
-// processInStore is steps 3 to 5: claim the dedup row, apply, commit.
-func (g *Guard) processInStore(ctx context.Context, events []Event, apply ApplyFunc) (Outcome, error) {
-	tx, err := g.store.Begin(ctx)
-	if err != nil {
-		return OutcomeUnknown, &StoreError{Op: "begin", Err: err}
-	}
-	defer rollback(ctx, tx)
+// Flush waits until the done markers of every event processed so far have
+// been written to the fast tier, or have failed to be. Markers are written
+// after the commit, off the caller's path; call Flush before shutting down so
+// that the next process finds them, and in tests.
+func (g *Guard) Flush(ctx context.Context) error { return g.markers.flush(ctx) }
 
-	res, err := g.store.Claim(ctx, tx, g.scope, events)
-	if err != nil {
-		return OutcomeUnknown, &StoreError{Op: "claim", Err: err}
+// release drops leases this call still holds, so that a retry does not wait
+// for them to expire.
+func (g *Guard) release(ctx context.Context, leases []Lease) {
+	if len(leases) == 0 {
+		return
 	}
-	switch res[0] {
-	case ClaimDuplicate:
-		return OutcomeDuplicatePostgres, nil
-	case ClaimConflict:
-		return OutcomePayloadConflict, ErrPayloadConflict
-	}
-	g.hook(ctx, StepStoreClaimed)
-
-	if err := apply(ctx, tx); err != nil {
-		return OutcomeUnknown, &HandlerError{Err: err}
-	}
-	g.hook(ctx, StepApplied)
-
-	if err := tx.Commit(ctx); err != nil {
-		return OutcomeUnknown, &StoreError{Op: "commit", Err: err}
-	}
-	g.hook(ctx, StepCommitted)
-	return OutcomeProcessed, nil
-}
-
-func (g *Guard) release(ctx context.Context, l Lease) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	if err := g.fast.Release(ctx, g.scope, []Lease{l}); err != nil {
-		g.log.DebugContext(ctx, "release lease", "event_id", l.ID, "err", err)
+	if err := g.fast.Release(ctx, g.scope, leases); err != nil {
+		g.log.DebugContext(ctx, "release leases", "leases", len(leases), "err", err)
 	}
 }
 

@@ -75,6 +75,8 @@ func (f *fixture) process(t *testing.T, ev guard.Event) guard.Outcome {
 	t.Helper()
 	o, err := f.guard.Process(context.Background(), ev, pay(ev.ID))
 	require.NoError(t, err)
+	// Done markers are written after the commit, off the caller's path.
+	require.NoError(t, f.guard.Flush(context.Background()))
 	return o
 }
 

@@ -1,8 +1,8 @@
 package guard
 
 // Outcome is what happened to one delivery of an event. Processed,
-// DuplicateRedis, DuplicatePostgres and PayloadConflict come from the Guard;
-// Retry and DeadLettered are decided by the consumer runtime.
+// DuplicateRedis, DuplicatePostgres, DuplicateBatch and PayloadConflict come
+// from the Guard; Retry and DeadLettered are decided by the consumer runtime.
 type Outcome int
 
 const (
@@ -20,6 +20,9 @@ const (
 	OutcomeRetry
 	// OutcomeDeadLettered: the delivery was moved to the dead-letter queue.
 	OutcomeDeadLettered
+	// OutcomeDuplicateBatch: another copy of the event, with the same
+	// payload hash, was in the same batch and committed.
+	OutcomeDuplicateBatch
 )
 
 var outcomeNames = [...]string{
@@ -30,6 +33,7 @@ var outcomeNames = [...]string{
 	OutcomePayloadConflict:   "payload_conflict",
 	OutcomeRetry:             "retry",
 	OutcomeDeadLettered:      "dead_lettered",
+	OutcomeDuplicateBatch:    "duplicate_batch",
 }
 
 // String returns the snake_case name used in logs and metrics.
@@ -43,10 +47,10 @@ func (o Outcome) String() string {
 // Outcomes lists every outcome, for metrics that want a zero for each.
 func Outcomes() []Outcome {
 	return []Outcome{OutcomeProcessed, OutcomeDuplicateRedis, OutcomeDuplicatePostgres,
-		OutcomePayloadConflict, OutcomeRetry, OutcomeDeadLettered}
+		OutcomeDuplicateBatch, OutcomePayloadConflict, OutcomeRetry, OutcomeDeadLettered}
 }
 
 // IsDuplicate reports whether the event had already been processed.
 func (o Outcome) IsDuplicate() bool {
-	return o == OutcomeDuplicateRedis || o == OutcomeDuplicatePostgres
+	return o == OutcomeDuplicateRedis || o == OutcomeDuplicatePostgres || o == OutcomeDuplicateBatch
 }

@@ -29,65 +29,93 @@ func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 // the connection string's) a COMMIT returns before it is durable, and an
 // event acked after it could be lost in a crash. Both statements go in one
 // round trip (simple protocol).
-const beginQuery = `BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on`
+//
+// plan_cache_mode is pinned to generic plans: the claim's plan does not
+// depend on its arguments, and a custom plan would be made again for every
+// call. This holds for the handler's statements in the same transaction too.
+const beginQuery = `BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on; SET LOCAL plan_cache_mode = force_generic_plan`
 
 // Begin starts a READ COMMITTED transaction whose COMMIT is durable
-// (synchronous_commit on, whatever the server's setting).
+// (synchronous_commit on, whatever the server's setting) and whose prepared
+// statements use generic plans.
 func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
 	return s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginQuery})
 }
 
-const claimOne = `INSERT INTO idem_processed (scope, event_id, payload_hash)
-VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`
-
-const claimMany = `INSERT INTO idem_processed (scope, event_id, payload_hash)
-SELECT $1, id, hash FROM unnest($2::text[], $3::bytea[]) AS t(id, hash)
-ON CONFLICT DO NOTHING RETURNING event_id`
+// claim inserts the dedup rows and, in the same round trip, reads the hash of
+// record of each row that already existed. Rows are inserted in the order
+// given (the guard sorts them), so two claims lock shared keys in one order.
+// The lookup skips the IDs just inserted, so a batch of new events costs no
+// extra index probes; the statement snapshot cannot see a row that a
+// concurrent transaction committed while the INSERT waited on it, so such an
+// ID comes back with neither answer and resolveExisting looks it up again.
+const claim = `WITH ins AS (
+	INSERT INTO idem_processed (scope, event_id, payload_hash)
+	SELECT $1, id, hash FROM unnest($2::text[], $3::bytea[]) WITH ORDINALITY AS t(id, hash, n) ORDER BY n
+	ON CONFLICT DO NOTHING
+	RETURNING event_id
+), existing AS (
+	SELECT id FROM unnest($2::text[]) AS u(id) WHERE id NOT IN (SELECT event_id FROM ins)
+)
+SELECT event_id, NULL::bytea FROM ins
+UNION ALL
+SELECT p.event_id, p.payload_hash FROM existing e JOIN idem_processed p ON p.scope = $1 AND p.event_id = e.id`
 
 const lookup = `SELECT event_id, payload_hash FROM idem_processed
 WHERE scope = $1 AND event_id = ANY($2::text[])`
 
-// Claim inserts a dedup row for each event inside tx. An event whose row
-// already exists is ClaimDuplicate if the stored payload hash matches and
-// ClaimConflict if it does not. The common case (one new event) is one
-// statement; only duplicates cost a second one.
+// Claim inserts a dedup row for each event inside tx, in the order given. An
+// event whose row already exists is ClaimDuplicate if the stored payload hash
+// matches and ClaimConflict if it does not; a second copy of an ID in events
+// is compared with the first. New events and duplicates alike cost one
+// statement; only a row committed by a concurrent transaction during the
+// claim costs a second.
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, events []guard.Event) ([]guard.ClaimResult, error) {
+	ids := make([]string, len(events))
+	hashes := make([][]byte, len(events))
+	for i, ev := range events {
+		ids[i], hashes[i] = ev.ID, ev.Hash
+	}
+	rows, err := tx.Query(ctx, claim, scope, ids, hashes)
+	if err != nil {
+		return nil, fmt.Errorf("claim dedup rows: %w", err)
+	}
+	inserted := map[string]bool{}
+	stored := map[string][]byte{}
+	var id string
+	var hash []byte
+	_, err = pgx.ForEachRow(rows, []any{&id, &hash}, func() error {
+		if hash == nil {
+			inserted[id] = true
+		} else {
+			stored[id] = bytes.Clone(hash)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim dedup rows: %w", err)
+	}
 	out := make([]guard.ClaimResult, len(events))
-	if len(events) == 1 {
-		tag, err := tx.Exec(ctx, claimOne, scope, events[0].ID, events[0].Hash)
-		if err != nil {
-			return nil, fmt.Errorf("insert dedup row: %w", err)
+	for i, ev := range events {
+		if inserted[ev.ID] {
+			// The first copy is ours; a later copy is held to its hash.
+			out[i] = guard.ClaimInserted
+			delete(inserted, ev.ID)
+			stored[ev.ID] = ev.Hash
+			continue
 		}
-		if tag.RowsAffected() == 1 {
-			out[0] = guard.ClaimInserted
-			return out, nil
-		}
-	} else {
-		ids := make([]string, len(events))
-		hashes := make([][]byte, len(events))
-		for i, ev := range events {
-			ids[i], hashes[i] = ev.ID, ev.Hash
-		}
-		rows, err := tx.Query(ctx, claimMany, scope, ids, hashes)
-		if err != nil {
-			return nil, fmt.Errorf("insert dedup rows: %w", err)
-		}
-		inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return nil, fmt.Errorf("insert dedup rows: %w", err)
-		}
-		mine := make(map[string]bool, len(inserted))
-		for _, id := range inserted {
-			mine[id] = true
-		}
-		for i, ev := range events {
-			if mine[ev.ID] {
-				out[i] = guard.ClaimInserted
-				delete(mine, ev.ID) // a second copy in the same batch is a duplicate
-			}
+		if h, ok := stored[ev.ID]; ok {
+			out[i] = compare(h, ev.Hash)
 		}
 	}
 	return out, s.resolveExisting(ctx, tx, scope, events, out)
+}
+
+func compare(stored, hash []byte) guard.ClaimResult {
+	if bytes.Equal(stored, hash) {
+		return guard.ClaimDuplicate
+	}
+	return guard.ClaimConflict
 }
 
 // resolveExisting fills in the results of events whose row already existed.
@@ -122,17 +150,13 @@ func (s *Store) resolveExisting(ctx context.Context, tx pgx.Tx, scope string, ev
 			continue
 		}
 		h, ok := stored[ev.ID]
-		switch {
-		case !ok:
+		if !ok {
 			// The conflicting row vanished between the two statements: only
 			// a prune of an expired row can do that, so the event is older
 			// than the retention window and its history is gone.
 			return fmt.Errorf("claim %s: %w", ev.ID, guard.ErrBeyondRetention)
-		case bytes.Equal(h, ev.Hash):
-			out[i] = guard.ClaimDuplicate
-		default:
-			out[i] = guard.ClaimConflict
 		}
+		out[i] = compare(h, ev.Hash)
 	}
 	return nil
 }

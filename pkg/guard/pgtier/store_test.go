@@ -2,6 +2,7 @@ package pgtier_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -241,12 +242,23 @@ func TestPruneCannotCutBelowWhatConsumersEnforce(t *testing.T) {
 
 // TestClaimOfAPrunedRowIsBeyondRetention: a claim whose conflicting row is
 // deleted between its INSERT and its lookup must not come back as a store
-// fault (which is retried and re-applied) but as ErrBeyondRetention.
+// fault (which is retried and re-applied) but as ErrBeyondRetention. The
+// claim reads existing rows in the same statement as its INSERT, so it needs
+// its own lookup only for a row another transaction committed while the
+// INSERT waited on it: that is the race staged here.
 func TestClaimOfAPrunedRowIsBeyondRetention(t *testing.T) {
 	t.Parallel()
 	pool, url := testenv.Schema(t)
 	ctx := context.Background()
-	require.Equal(t, guard.ClaimInserted, claimCommit(t, pgtier.New(pool), ev("e", "a")))
+
+	// Another consumer holds the row, uncommitted.
+	other := pgtier.New(pool)
+	otherTx, err := other.Begin(ctx)
+	require.NoError(t, err)
+	defer otherTx.Rollback(ctx)
+	res, err := other.Claim(ctx, otherTx, "svc", []guard.Event{ev("e", "a")})
+	require.NoError(t, err)
+	require.Equal(t, guard.ClaimInserted, res[0])
 
 	// The claimer's pool prunes the row just before the claim's lookup.
 	cfg, err := pgxpool.ParseConfig(url)
@@ -259,7 +271,29 @@ func TestClaimOfAPrunedRowIsBeyondRetention(t *testing.T) {
 	tx, err := s.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
+	var pid uint32
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+
+	// Commit the other consumer's row once the claim waits on it.
+	committed := make(chan error, 1)
+	go func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			var waiting bool
+			if err := pool.QueryRow(ctx, `SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting); err != nil {
+				committed <- err
+				return
+			}
+			if waiting {
+				committed <- otherTx.Commit(ctx)
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		committed <- errors.New("the claim never waited on the other transaction's row")
+	}()
 	_, err = s.Claim(ctx, tx, "svc", []guard.Event{ev("e", "a")})
+	require.NoError(t, <-committed)
 	require.ErrorIs(t, err, guard.ErrBeyondRetention)
 }
 

@@ -1,0 +1,256 @@
+package guard
+
+import (
+	"bytes"
+	"context"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Result is one event's outcome in ProcessBatch.
+type Result struct {
+	Outcome Outcome
+	// Err is ErrPayloadConflict when Outcome is OutcomePayloadConflict,
+	// nil otherwise.
+	Err error
+}
+
+// BatchApplyFunc performs, inside tx, the effects of the events at the
+// indexes in claimed (ascending): the events of the batch that are new. It
+// must not commit or roll back tx, and should take its locks in a fixed order
+// (sorted keys), so that two batches running at once cannot deadlock.
+type BatchApplyFunc func(ctx context.Context, tx pgx.Tx, claimed []int) error
+
+// ProcessBatch is Process for many events at once: one fast-tier pipeline
+// for the batch, then one transaction that claims the dedup rows of the
+// events the fast tier did not settle (in event ID order, so that two batches
+// never deadlock on each other's rows), runs apply once for the new ones,
+// and commits. Done markers are written after the commit, off the caller's
+// path.
+//
+// On success every event has its Result. Two copies of one ID in the batch
+// are one event: the later copy is OutcomeDuplicateBatch once the first
+// commits, or OutcomePayloadConflict if its payload differs. On error no
+// Result is final and nothing of the batch was committed (or, for a
+// *StoreError from commit, the outcome is unknown): running the batch again,
+// whole or split, is safe and decides it. A *HandlerError says apply failed
+// for the batch as a whole; split the batch to find the event that fails.
+func (g *Guard) ProcessBatch(ctx context.Context, events []Event, apply BatchApplyFunc) ([]Result, error) {
+	for _, ev := range events {
+		if err := ev.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	res := make([]Result, len(events))
+	// first[i] is the index of the first copy of events[i]'s ID.
+	first := make([]int, len(events))
+	seen := make(map[string]int, len(events))
+	for i, ev := range events {
+		j, ok := seen[ev.ID]
+		if !ok {
+			seen[ev.ID], j = i, i
+		}
+		first[i] = j
+	}
+
+	toStore := make([]int, 0, len(events))
+	leases := map[int]Lease{} // by event index
+	if g.fast == nil {
+		for i := range events {
+			toStore = append(toStore, i)
+		}
+	} else {
+		var uniq []int
+		var fastEvents []Event
+		for i, ev := range events {
+			if first[i] == i {
+				uniq = append(uniq, i)
+				fastEvents = append(fastEvents, ev)
+			}
+		}
+		answers := g.fast.Claim(ctx, g.scope, fastEvents)
+		byIndex := make(map[int]FastResult, len(uniq))
+		for k, i := range uniq {
+			a := answers[k]
+			byIndex[i] = a
+			switch {
+			case a.State == FastAcquired:
+				leases[i] = Lease{ID: events[i].ID, Token: a.Token}
+			case a.State == FastSkipped && a.Err != nil && k == 0:
+				g.log.DebugContext(ctx, "fast tier skipped", "event_id", events[i].ID, "events", len(uniq), "err", a.Err)
+			}
+			g.hook(ctx, StepFastClaimed)
+		}
+		for i, ev := range events {
+			a := byIndex[first[i]]
+			if a.State == FastDone && bytes.Equal(a.Hash, ev.Hash) {
+				res[i] = Result{Outcome: OutcomeDuplicateRedis}
+				continue
+			}
+			// Not known to be done (a pending lease never drops an event,
+			// ours or another's), or done with another payload: the
+			// store holds the hash of record and decides.
+			toStore = append(toStore, i)
+		}
+	}
+	if len(toStore) == 0 {
+		return res, nil
+	}
+
+	if err := g.processInStore(ctx, events, toStore, first, res, apply); err != nil {
+		g.release(ctx, leaseList(leases))
+		return nil, err
+	}
+	var release []Lease
+	var done []Event
+	for _, i := range toStore {
+		if first[i] != i {
+			continue
+		}
+		switch res[i].Outcome {
+		case OutcomeProcessed, OutcomeDuplicatePostgres:
+			// The row is committed, by us or before us: done is now true.
+			// The marker replaces our lease, if we hold one.
+			done = append(done, events[i])
+		default:
+			if l, ok := leases[i]; ok {
+				release = append(release, l)
+			}
+		}
+	}
+	g.release(ctx, release)
+	if g.fast != nil && len(done) > 0 {
+		g.markers.add(done)
+	}
+	return res, nil
+}
+
+// processInStore is steps 3 to 5 for the events at idx: claim their dedup
+// rows, apply the new ones, commit. It fills in their results. Only the first
+// copy of an ID goes to the store; later copies take their outcome from it.
+func (g *Guard) processInStore(ctx context.Context, events []Event, idx, first []int, res []Result, apply BatchApplyFunc) error {
+	var reps, copies []int
+	rep := map[string]int{}
+	for _, i := range idx {
+		if _, ok := rep[events[i].ID]; ok {
+			copies = append(copies, i)
+			continue
+		}
+		rep[events[i].ID] = i
+		reps = append(reps, i)
+	}
+
+	tx, err := g.store.Begin(ctx)
+	if err != nil {
+		return &StoreError{Op: "begin", Err: err}
+	}
+	defer rollback(ctx, tx)
+
+	claims, err := g.claim(ctx, tx, events, reps)
+	if err != nil {
+		return err
+	}
+	var claimed, unknown []int
+	for _, i := range reps {
+		res[i] = claimResult(claims[i])
+		if claims[i] == ClaimInserted {
+			claimed = append(claimed, i)
+		}
+	}
+	for _, i := range copies {
+		r := rep[events[i].ID]
+		same := bytes.Equal(events[i].Hash, events[r].Hash)
+		switch {
+		case claims[r] == ClaimInserted && same:
+			res[i] = Result{Outcome: OutcomeDuplicateBatch}
+		case claims[r] == ClaimDuplicate && same:
+			res[i] = Result{Outcome: OutcomeDuplicatePostgres}
+		case claims[r] != ClaimConflict || same:
+			// Either the row holds the first copy's hash and this copy
+			// differs from it, or this copy shares the first copy's
+			// hash, which the row does not hold.
+			res[i] = Result{Outcome: OutcomePayloadConflict, Err: ErrPayloadConflict}
+		default:
+			unknown = append(unknown, i) // two payloads, neither the row's: ask
+		}
+	}
+	if len(unknown) > 0 {
+		more, err := g.claim(ctx, tx, events, unknown)
+		if err != nil {
+			return err
+		}
+		for _, i := range unknown {
+			res[i] = claimResult(more[i])
+		}
+	}
+	if len(claimed) == 0 {
+		return nil // nothing to apply or commit; the deferred rollback ends tx
+	}
+	slices.Sort(claimed)
+	for range claimed {
+		g.hook(ctx, StepStoreClaimed)
+	}
+
+	if err := apply(ctx, tx, claimed); err != nil {
+		return &HandlerError{Err: err}
+	}
+	for range claimed {
+		g.hook(ctx, StepApplied)
+	}
+
+	if err := tx.Commit(ctx); err != nil {
+		return &StoreError{Op: "commit", Err: err}
+	}
+	for _, i := range claimed {
+		res[i] = Result{Outcome: OutcomeProcessed}
+		g.hook(ctx, StepCommitted)
+	}
+	for _, i := range copies {
+		if res[i].Outcome == OutcomeDuplicateBatch {
+			g.hook(ctx, StepCommitted) // its first copy's row committed
+		}
+	}
+	return nil
+}
+
+// claim claims the dedup rows of the events at idx (distinct IDs) in event
+// ID order, so that two batches lock shared rows in one order, and returns
+// the store's answer by event index.
+func (g *Guard) claim(ctx context.Context, tx pgx.Tx, events []Event, idx []int) (map[int]ClaimResult, error) {
+	order := slices.Clone(idx)
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(events[a].ID, events[b].ID) })
+	batch := make([]Event, len(order))
+	for k, i := range order {
+		batch[k] = events[i]
+	}
+	claims, err := g.store.Claim(ctx, tx, g.scope, batch)
+	if err != nil {
+		return nil, &StoreError{Op: "claim", Err: err}
+	}
+	out := make(map[int]ClaimResult, len(order))
+	for k, i := range order {
+		out[i] = claims[k]
+	}
+	return out, nil
+}
+
+// claimResult is the outcome a store answer gives an event, before commit.
+func claimResult(c ClaimResult) Result {
+	switch c {
+	case ClaimDuplicate:
+		return Result{Outcome: OutcomeDuplicatePostgres}
+	case ClaimConflict:
+		return Result{Outcome: OutcomePayloadConflict, Err: ErrPayloadConflict}
+	}
+	return Result{} // inserted: processed once it commits
+}
+
+func leaseList(m map[int]Lease) []Lease {
+	out := make([]Lease, 0, len(m))
+	for _, l := range m {
+		out = append(out, l)
+	}
+	return out
+}

@@ -1,0 +1,77 @@
+package guard
+
+import (
+	"context"
+	"sync"
+)
+
+// maxPendingMarkers bounds the done markers waiting to be written. Past it
+// new ones are dropped: a lost marker costs the next duplicate one trip to
+// the store, and a Redis that cannot keep up must not grow the heap.
+const maxPendingMarkers = 16384
+
+// markerWriter writes done markers after their commit, off the ack path.
+// Markers queued while a write is in flight go out together in the next
+// pipeline, so a busy consumer writes few, large pipelines and an idle one
+// writes at once. No goroutine runs while nothing is queued.
+type markerWriter struct {
+	g *Guard
+
+	mu      sync.Mutex
+	pending []Event
+	idle    chan struct{} // closed when the running writer drains the queue; nil when none runs
+}
+
+// add queues markers for events whose rows are committed.
+func (w *markerWriter) add(events []Event) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.pending)+len(events) > maxPendingMarkers {
+		w.g.log.Debug("done markers dropped: the fast tier is not keeping up", "events", len(events))
+		return
+	}
+	w.pending = append(w.pending, events...)
+	if w.idle == nil {
+		w.idle = make(chan struct{})
+		go w.run(w.idle)
+	}
+}
+
+func (w *markerWriter) run(idle chan struct{}) {
+	for {
+		w.mu.Lock()
+		batch := w.pending
+		w.pending = nil
+		if len(batch) == 0 {
+			w.idle = nil
+			close(idle)
+			w.mu.Unlock()
+			return
+		}
+		w.mu.Unlock()
+		// The fast tier bounds the call with its own timeout.
+		ctx := context.Background()
+		if err := w.g.fast.MarkDone(ctx, w.g.scope, batch); err != nil {
+			w.g.log.DebugContext(ctx, "mark done", "events", len(batch), "err", err)
+		}
+		for range batch {
+			w.g.hook(ctx, StepMarkedDone)
+		}
+	}
+}
+
+// flush waits until every queued marker has been written (or failed).
+func (w *markerWriter) flush(ctx context.Context) error {
+	w.mu.Lock()
+	idle := w.idle
+	w.mu.Unlock()
+	if idle == nil {
+		return nil
+	}
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
