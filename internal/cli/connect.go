@@ -24,10 +24,15 @@ func (e *env) loadDB(ctx context.Context, path string) (config.Config, *slog.Log
 	return cfg, log, pool, err
 }
 
-func openPool(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
+// openPool opens the pool cfg describes; tune, if given, may adjust its
+// config first (to add a tracer, say).
+func openPool(ctx context.Context, cfg config.Config, tune ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("database_url: %w", err)
+	}
+	for _, t := range tune {
+		t(pc)
 	}
 	pc.MaxConns = cfg.Postgres.MaxConns
 	if pc.ConnConfig.ConnectTimeout == 0 || pc.ConnConfig.ConnectTimeout > 5*time.Second {

@@ -50,10 +50,17 @@ type Config struct {
 
 // Consumer tunes the RabbitMQ consumer runtime.
 type Consumer struct {
-	// Prefetch is the most unacked deliveries per process. Defaults to 64.
+	// Prefetch is the most unacked deliveries per process. Defaults to 256.
 	Prefetch int `yaml:"prefetch"`
-	// Workers is deliveries handled at once per process. Defaults to 16.
+	// Workers is batches (with batch_size 1, deliveries) handled at once
+	// per process. Defaults to 4.
 	Workers int `yaml:"workers"`
+	// BatchSize is the most deliveries handled in one transaction; 1
+	// handles each on its own. At most prefetch. Defaults to 64.
+	BatchSize int `yaml:"batch_size"`
+	// BatchLinger is how long a batch that is not full waits for more
+	// deliveries; it bounds the latency batching adds. Defaults to 5ms.
+	BatchLinger time.Duration `yaml:"batch_linger"`
 	// DeliveryLimit is attempts for a failing handler before the message is
 	// dead-lettered. Defaults to 5.
 	DeliveryLimit int `yaml:"delivery_limit"`
@@ -133,8 +140,10 @@ func Default() Config {
 		Scope:       DefaultScope,
 		LogLevel:    "info",
 		Consumer: Consumer{
-			Prefetch:            64,
-			Workers:             16,
+			Prefetch:            256,
+			Workers:             4,
+			BatchSize:           64,
+			BatchLinger:         5 * time.Millisecond,
 			DeliveryLimit:       5,
 			BrokerDeliveryLimit: 20,
 			HandlerTimeout:      10 * time.Second,

@@ -54,6 +54,7 @@ func (c Config) Validate() error {
 	}{
 		{"consumer.prefetch", int64(c.Consumer.Prefetch), 1, 65535, " (AMQP carries it in 16 bits)"},
 		{"consumer.workers", int64(c.Consumer.Workers), 1, 1024, ""},
+		{"consumer.batch_size", int64(c.Consumer.BatchSize), 1, 65535, ""},
 		{"consumer.delivery_limit", int64(c.Consumer.DeliveryLimit), 1, 1000, ""},
 		{"consumer.broker_delivery_limit", int64(c.Consumer.BrokerDeliveryLimit), 1, 10000, ""},
 		{"postgres.max_conns", int64(c.Postgres.MaxConns), 1, 1000, ""},
@@ -72,6 +73,7 @@ func (c Config) Validate() error {
 		lo, hi time.Duration
 	}{
 		{"consumer.handler_timeout", c.Consumer.HandlerTimeout, 10 * time.Millisecond, time.Hour},
+		{"consumer.batch_linger", c.Consumer.BatchLinger, 100 * time.Microsecond, time.Second},
 		{"consumer.drain_timeout", c.Consumer.DrainTimeout, 100 * time.Millisecond, time.Hour},
 		{"consumer.retry_backoff_min", c.Consumer.RetryBackoffMin, time.Millisecond, time.Minute},
 		{"consumer.retry_backoff_max", c.Consumer.RetryBackoffMax, time.Millisecond, time.Hour},
@@ -124,8 +126,12 @@ func (c Config) Warnings() []string {
 		w = append(w, fmt.Sprintf("redis.lease (%s) is shorter than consumer.handler_timeout (%s): a slow handler's lease can expire and a duplicate will wait on Postgres instead of being deferred cheaply (still processed once)",
 			c.Redis.Lease, c.Consumer.HandlerTimeout))
 	}
-	if c.Consumer.Prefetch < c.Consumer.Workers {
-		w = append(w, fmt.Sprintf("consumer.prefetch (%d) is below consumer.workers (%d): some workers will idle", c.Consumer.Prefetch, c.Consumer.Workers))
+	if c.Consumer.BatchSize > c.Consumer.Prefetch {
+		w = append(w, fmt.Sprintf("consumer.batch_size (%d) exceeds consumer.prefetch (%d): batches hold at most %d deliveries",
+			c.Consumer.BatchSize, c.Consumer.Prefetch, c.Consumer.Prefetch))
+	} else if c.Consumer.Prefetch < c.Consumer.Workers*c.Consumer.BatchSize/2 {
+		w = append(w, fmt.Sprintf("consumer.prefetch (%d) is below half of consumer.workers × consumer.batch_size (%d × %d): some workers will idle or run small batches",
+			c.Consumer.Prefetch, c.Consumer.Workers, c.Consumer.BatchSize))
 	}
 	if c.Postgres.Retention < 24*time.Hour {
 		w = append(w, fmt.Sprintf("postgres.retention (%s) is under a day: a dead-letter replay older than that is refused", c.Postgres.Retention))

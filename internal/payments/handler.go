@@ -38,3 +38,36 @@ func (Handler) Apply(ctx context.Context, tx pgx.Tx, ev Event) error {
 	}
 	return nil
 }
+
+var _ consumer.BatchHandler[Event] = Handler{}
+
+// applyLedger appends the batch's payments in one statement.
+const applyLedger = `INSERT INTO payments_ledger (event_id, user_id, amount)
+SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`
+
+// applyBalances adds each user's total to their balance, one row per user,
+// locked in user ID order so that two batches cannot deadlock. The sum is
+// numeric, so a total past bigint fails the cast (22003) as one event's
+// overflow would, and the consumer splits the batch down to that event.
+const applyBalances = `INSERT INTO account_balances (user_id, balance)
+SELECT user_id, sum(amount)::bigint FROM unnest($1::text[], $2::bigint[]) AS t(user_id, amount)
+GROUP BY user_id ORDER BY user_id
+ON CONFLICT (user_id) DO UPDATE SET balance = account_balances.balance + EXCLUDED.balance, updated_at = now()`
+
+// ApplyBatch implements consumer.BatchHandler: the same effect as Apply for
+// each event, in two set-based statements sent in one round trip.
+func (Handler) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []Event) error {
+	ids := make([]string, len(evs))
+	users := make([]string, len(evs))
+	amounts := make([]int64, len(evs))
+	for i, ev := range evs {
+		ids[i], users[i], amounts[i] = ev.EventID, ev.UserID, ev.Amount
+	}
+	b := &pgx.Batch{}
+	b.Queue(applyLedger, ids, users, amounts)
+	b.Queue(applyBalances, users, amounts)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("apply %d payments: %w", len(evs), err)
+	}
+	return nil
+}

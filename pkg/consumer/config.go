@@ -15,8 +15,10 @@ import (
 // Defaults for Config.
 const (
 	DefaultConnectionName      = "idem-consumer"
-	DefaultPrefetch            = 64
-	DefaultWorkers             = 16
+	DefaultPrefetch            = 256
+	DefaultWorkers             = 4
+	DefaultBatchSize           = 64
+	DefaultBatchLinger         = 5 * time.Millisecond
 	DefaultDeliveryLimit       = 5
 	DefaultBrokerDeliveryLimit = 20
 	DefaultHandlerTimeout      = 10 * time.Second
@@ -49,6 +51,9 @@ const (
 	// CounterUntimedAccepted counts events processed without a time under
 	// UntimedAccept.
 	CounterUntimedAccepted = "untimed_accepted"
+	// CounterBatchSplit counts batches split in two because their
+	// transaction failed for a reason that may be one event's.
+	CounterBatchSplit = "batch_splits"
 )
 
 // Default backoffs for Config.
@@ -69,9 +74,19 @@ type Config struct {
 	// Prefetch is the most unacked deliveries the broker sends this
 	// process. Defaults to DefaultPrefetch.
 	Prefetch int
-	// Workers is how many deliveries this process handles at once.
-	// Defaults to DefaultWorkers.
+	// Workers is how many batches (with BatchSize 1, deliveries) this
+	// process handles at once. Defaults to DefaultWorkers.
 	Workers int
+	// BatchSize is the most deliveries handled in one transaction: one
+	// Redis pipeline claims them, one transaction claims their dedup rows
+	// and applies them (see BatchHandler), and their acks go in as few
+	// frames as is safe. 1 handles each delivery on its own. A batch never
+	// holds more than Prefetch deliveries. Defaults to DefaultBatchSize.
+	BatchSize int
+	// BatchLinger is how long a batch that is not full waits for more
+	// deliveries before it goes; it goes earlier when it fills. It bounds
+	// the latency batching adds. Defaults to DefaultBatchLinger.
+	BatchLinger time.Duration
 	// DeliveryLimit is how many deliveries a failing handler gets before
 	// the message is dead-lettered as ReasonHandlerFailed. Defaults to
 	// DefaultDeliveryLimit.
@@ -129,6 +144,11 @@ type Config struct {
 	// OnCount, if set, is called with a Counter* name each time that event
 	// happens. For metrics.
 	OnCount func(counter string)
+	// OnSettled, if set, is called once per delivery right after it was
+	// acked, requeued or dead-lettered, with its message, outcome and
+	// reason, as OnOutcome. For latency measurements and tracing; it must
+	// not keep m.Body or m.Headers.
+	OnSettled func(m Message, o guard.Outcome, reason string)
 	// Logger receives the consumer's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -145,6 +165,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.Workers == 0 {
 		c.Workers = DefaultWorkers
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.BatchSize > c.Prefetch && c.Prefetch > 0 {
+		c.BatchSize = c.Prefetch
+	}
+	if c.BatchLinger == 0 {
+		c.BatchLinger = DefaultBatchLinger
 	}
 	if c.DeliveryLimit == 0 {
 		c.DeliveryLimit = DefaultDeliveryLimit
@@ -208,6 +237,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("consumer: Prefetch must be at least 1, got %d", c.Prefetch)
 	case c.Workers < 1:
 		return fmt.Errorf("consumer: Workers must be at least 1, got %d", c.Workers)
+	case c.BatchSize < 1:
+		return fmt.Errorf("consumer: BatchSize must be at least 1, got %d", c.BatchSize)
+	case c.BatchLinger < 0:
+		return fmt.Errorf("consumer: BatchLinger must not be negative, got %s", c.BatchLinger)
 	case c.DeliveryLimit < 1:
 		return fmt.Errorf("consumer: DeliveryLimit must be at least 1, got %d", c.DeliveryLimit)
 	case c.BrokerDeliveryLimit < c.DeliveryLimit:

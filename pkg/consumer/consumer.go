@@ -117,7 +117,8 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		return fmt.Errorf("consume %q: %w", c.cfg.Queue, err)
 	}
 	c.consumed.Store(true)
-	c.cfg.Logger.Info("consuming", "queue", c.cfg.Queue, "prefetch", c.cfg.Prefetch, "workers", c.cfg.Workers)
+	c.cfg.Logger.Info("consuming", "queue", c.cfg.Queue, "prefetch", c.cfg.Prefetch, "workers", c.cfg.Workers,
+		"batch_size", c.cfg.BatchSize, "batch_linger", c.cfg.BatchLinger)
 
 	// In-flight work outlives ctx by up to DrainTimeout, so that SIGTERM
 	// finishes and acks what it can instead of abandoning it.
@@ -126,12 +127,14 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	// stop ends backoff waits as soon as shutdown begins or the session fails.
 	stop, stopWaits := context.WithCancel(ctx)
 	defer stopWaits()
-	w := &worker[T]{c: c, dl: &deadLetterer{pub: pub, returns: returns}, stop: stop}
+	w := &worker[T]{c: c, dl: &deadLetterer{pub: pub, returns: returns}, acker: newAcker(ch), stop: stop}
+	batches := make(chan []amqp.Delivery)
 	var wg sync.WaitGroup
+	wg.Go(func() { w.gather(deliveries, batches) })
 	for range c.cfg.Workers {
 		wg.Go(func() {
-			for d := range deliveries {
-				w.handle(workCtx, d)
+			for ds := range batches {
+				w.handleDeliveries(workCtx, ds)
 			}
 		})
 	}
@@ -171,6 +174,7 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		<-workersDone
 	}
 	if cause == nil {
+		w.acker.flush()
 		_ = ch.Close()
 		_ = pub.Close()
 		if err := conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {

@@ -2,6 +2,8 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -159,10 +161,63 @@ func TestDecodeSeesTheMessageID(t *testing.T) {
 	r.publish("msg-1", "same body")
 	r.publish("msg-2", "same body")
 	require.Eventually(t, func() bool {
-		return r.stats["processed"].Load()+r.stats["duplicate_postgres"].Load() == 3
+		// The two copies of msg-1 may meet in one batch (duplicate_batch)
+		// or not (duplicate_postgres).
+		return r.stats["processed"].Load()+r.stats["duplicate_postgres"].Load()+r.stats["duplicate_batch"].Load() == 3
 	}, 30*time.Second, 10*time.Millisecond)
 	require.Equal(t, int64(2), applied.Load())
 	r.publish("msg-1", "other body")
 	d := r.deadLetter()
 	require.Equal(t, consumer.ReasonPayloadConflict, d.Headers[consumer.HeaderReason])
+}
+
+// batchHandler fails any batch that holds a "poison" body, as a set-based
+// statement fails for one bad row.
+type batchHandler struct{ handlerFunc }
+
+func (h batchHandler) Apply(ctx context.Context, tx pgx.Tx, v []byte) error {
+	return h.ApplyBatch(ctx, tx, [][]byte{v})
+}
+
+func (batchHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, vs [][]byte) error {
+	bodies := make([]string, len(vs))
+	for i, v := range vs {
+		if string(v) == "poison" {
+			return errors.New("poison in the batch")
+		}
+		bodies[i] = string(v)
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO payments_ledger (event_id, user_id, amount) SELECT b, 'u', 1 FROM unnest($1::text[]) AS t(b)`, bodies)
+	return err
+}
+
+// TestOneBadEventNeverSinksItsBatch: a batch whose handler fails is split
+// until the failing event stands alone; the others commit once, and only the
+// bad one spends its attempts and is dead-lettered.
+func TestOneBadEventNeverSinksItsBatch(t *testing.T) {
+	t.Parallel()
+	var splits atomic.Int64
+	r := startRig(t, batchHandler{}, func(cfg *consumer.Config) {
+		cfg.Prefetch, cfg.BatchSize, cfg.BatchLinger = 16, 16, 50*time.Millisecond
+		cfg.OnCount = func(name string) {
+			if name == consumer.CounterBatchSplit {
+				splits.Add(1)
+			}
+		}
+	})
+	for i := range 15 {
+		if i == 7 {
+			r.publish("evt_poison", "poison")
+		}
+		r.publish(fmt.Sprintf("evt_%d", i), fmt.Sprintf("body_%d", i))
+	}
+	d := r.deadLetter()
+	require.Equal(t, "evt_poison", d.MessageId)
+	require.Equal(t, consumer.ReasonHandlerFailed, d.Headers[consumer.HeaderReason])
+	require.Eventually(t, func() bool { return r.stats["processed"].Load() == 15 }, 30*time.Second, 10*time.Millisecond)
+	var rows, distinct int
+	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT event_id) FROM payments_ledger`).Scan(&rows, &distinct))
+	require.Equal(t, 15, rows)
+	require.Equal(t, 15, distinct)
+	require.Positive(t, splits.Load())
 }

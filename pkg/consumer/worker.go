@@ -30,9 +30,17 @@ const HeaderDeadLetterID = "x-idem-dead-letter-id"
 
 // worker handles deliveries of one session.
 type worker[T any] struct {
-	c    *Consumer[T]
-	dl   *deadLetterer
-	stop context.Context // ends when shutdown begins or the session fails
+	c     *Consumer[T]
+	dl    *deadLetterer
+	acker *acker
+	stop  context.Context // ends when shutdown begins or the session fails
+}
+
+// item is a delivery that decoded into an event the guard can take.
+type item[T any] struct {
+	d  amqp.Delivery
+	ev guard.Event
+	v  T
 }
 
 // deadLetterer publishes dead letters on a confirm-mode channel, one at a
@@ -45,28 +53,41 @@ type deadLetterer struct {
 	seq     uint64
 }
 
-// handle takes one delivery to a durable outcome and acks it, or leaves it to
-// the broker (nack with requeue) when that cannot be reached now.
-func (w *worker[T]) handle(ctx context.Context, d amqp.Delivery) {
-	cfg := &w.c.cfg
+// prepare decodes d and checks its time. A delivery that cannot be processed
+// is dead-lettered here, and prepare reports false.
+func (w *worker[T]) prepare(ctx context.Context, d amqp.Delivery) (item[T], bool) {
 	ev, v, err := w.c.handler.Decode(messageOf(d))
+	if err == nil {
+		err = ev.Validate()
+		if err != nil {
+			err = Reject(ReasonInvalidEvent, err)
+		}
+	}
 	if err != nil {
 		reason, ok := rejectReason(err)
 		if !ok {
 			reason = ReasonDecode
 		}
 		w.deadLetter(ctx, d, reason, err)
-		return
+		return item[T]{}, false
 	}
 	if ev.Time.IsZero() {
 		ev.Time = d.Timestamp
 	}
 	if reason, err := w.c.checkTime(ev.Time, time.Now()); err != nil {
 		w.deadLetter(ctx, d, reason, err)
-		return
+		return item[T]{}, false
 	}
+	return item[T]{d: d, ev: ev, v: v}, true
+}
+
+// handleOne takes one event to a durable outcome and acks it, or leaves it
+// to the broker (nack with requeue) when that cannot be reached now.
+func (w *worker[T]) handleOne(ctx context.Context, it item[T]) {
+	cfg := &w.c.cfg
+	d, ev := it.d, it.ev
 	attempt := deliveryCount(d) + 1
-	apply := func(ctx context.Context, tx pgx.Tx) error { return w.c.handler.Apply(ctx, tx, v) }
+	apply := func(ctx context.Context, tx pgx.Tx) error { return w.c.handler.Apply(ctx, tx, it.v) }
 
 	heldSince := time.Now()
 	for wait := 1; ; wait++ {
@@ -75,7 +96,7 @@ func (w *worker[T]) handle(ctx context.Context, d amqp.Delivery) {
 		timedOut := errors.Is(actx.Err(), context.DeadlineExceeded)
 		cancel()
 		if err == nil {
-			w.ack(ctx, d, outcome, "")
+			w.ack(ctx, []item[T]{it}, []guard.Outcome{outcome})
 			return
 		}
 		if ctx.Err() != nil {
@@ -123,21 +144,35 @@ func messageOf(d amqp.Delivery) Message {
 	return Message{ID: d.MessageId, Timestamp: d.Timestamp, ContentType: d.ContentType, Headers: d.Headers, Body: d.Body}
 }
 
-func (w *worker[T]) ack(ctx context.Context, d amqp.Delivery, o guard.Outcome, reason string) {
-	w.c.cfg.Hook(ctx, StepBeforeAck)
-	if err := d.Ack(false); err != nil {
+// ack acks items after their outcomes are durable, in as few frames as is
+// safe.
+func (w *worker[T]) ack(ctx context.Context, items []item[T], outcomes []guard.Outcome) {
+	tags := make([]uint64, len(items))
+	for i, it := range items {
+		w.c.cfg.Hook(ctx, StepBeforeAck)
+		tags[i] = it.d.DeliveryTag
+	}
+	if err := w.acker.ack(tags); err != nil {
 		// The channel is gone; the broker redelivers and the guard
 		// reports a duplicate.
-		w.c.cfg.Logger.Warn("ack failed", "err", err, "outcome", o.String())
+		w.c.cfg.Logger.Warn("ack failed", "err", err, "deliveries", len(tags))
 	}
-	w.c.cfg.OnOutcome(o, reason)
+	for i, o := range outcomes {
+		w.c.cfg.OnOutcome(o, "")
+		if w.c.cfg.OnSettled != nil {
+			w.c.cfg.OnSettled(messageOf(items[i].d), o, "")
+		}
+	}
 }
 
 func (w *worker[T]) requeue(d amqp.Delivery, reason string) {
-	if err := d.Nack(false, true); err != nil {
+	if err := w.acker.nack(d.DeliveryTag); err != nil {
 		w.c.cfg.Logger.Warn("nack failed", "err", err)
 	}
 	w.c.cfg.OnOutcome(guard.OutcomeRetry, reason)
+	if w.c.cfg.OnSettled != nil {
+		w.c.cfg.OnSettled(messageOf(d), guard.OutcomeRetry, reason)
+	}
 }
 
 // deadLetter publishes d to the dead-letter exchange with its reason,
@@ -184,7 +219,14 @@ func (w *worker[T]) deadLetter(ctx context.Context, d amqp.Delivery, reason stri
 		return
 	}
 	cfg.Logger.Warn("dead-lettered", "reason", reason, "err", msg, "message_id", d.MessageId)
-	w.ack(ctx, d, guard.OutcomeDeadLettered, reason)
+	cfg.Hook(ctx, StepBeforeAck)
+	if err := w.acker.ack([]uint64{d.DeliveryTag}); err != nil {
+		cfg.Logger.Warn("ack failed", "err", err, "outcome", guard.OutcomeDeadLettered.String())
+	}
+	cfg.OnOutcome(guard.OutcomeDeadLettered, reason)
+	if cfg.OnSettled != nil {
+		cfg.OnSettled(messageOf(d), guard.OutcomeDeadLettered, reason)
+	}
 }
 
 // publish sends p to t's dead-letter exchange, mandatory, and reports

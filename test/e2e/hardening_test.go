@@ -226,15 +226,22 @@ func TestBrokerCountersAreTheBrokers(t *testing.T) {
 func TestOddEventIDsEndToEnd(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "", "")
-	e.consume("c0")
+	c := e.consume("c0")
 	var msgs []amqp.Publishing
 	for _, id := range guardtest.OddEventIDs {
-		p := body(string(payments.Event{EventID: id, UserID: "user_odd", Type: payments.TypePaymentCompleted, Amount: 1}.Marshal()))
-		msgs = append(msgs, p, p)
+		msgs = append(msgs, body(string(payments.Event{EventID: id, UserID: "user_odd", Type: payments.TypePaymentCompleted, Amount: 1}.Marshal())))
 	}
 	e.publishRaw(msgs...)
 	n := len(guardtest.OddEventIDs)
 	require.Eventually(t, func() bool { return e.balance("user_odd") == int64(n) }, 30*time.Second, 20*time.Millisecond)
+	// The copies come after their originals committed, so that they are
+	// caught by the originals' Redis keys (or Postgres rows), not inside
+	// a batch.
+	e.publishRaw(msgs...)
+	require.Eventually(t, func() bool {
+		st, err := c.Stats()
+		return err == nil && st["duplicate_redis"]+st["duplicate_postgres"] == int64(n)
+	}, 30*time.Second, 50*time.Millisecond)
 	stats := e.stopAll()
 	require.Equal(t, int64(n), stats["processed"], "%v", stats)
 	require.Equal(t, int64(n), stats["duplicate_redis"]+stats["duplicate_postgres"], "%v", stats)

@@ -1,0 +1,131 @@
+package consumer
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ackHold is the longest an ack waits for the deliveries below it to settle,
+// so that one multiple-ack can cover them all, before it is sent on its own.
+const ackHold = 20 * time.Millisecond
+
+// acker settles the deliveries of one consume channel in as few frames as is
+// safe. A multiple-ack up to tag t acks every unacked delivery at or below t,
+// so it may only be sent once every delivery below t is settled. A delivery
+// settled above one still in progress (a batch that finished before the batch
+// below it) is held for up to ackHold, until a multiple-ack can cover it;
+// after that it is acked on its own.
+//
+// Every settlement goes through the acker: a delivery acked behind its back
+// would be acked again by a later multiple-ack, which the broker answers by
+// closing the channel.
+type acker struct {
+	ch amqp.Acknowledger
+
+	mu        sync.Mutex
+	unsettled map[uint64]struct{} // registered, outcome not reached
+	held      map[uint64]struct{} // settled, ack not sent yet
+	low       uint64              // no unsettled tag is below low
+	high      uint64              // the highest tag registered
+	timer     *time.Timer         // flushes held acks after ackHold
+	frames    int64               // ack and nack frames sent
+	err       error               // the first failed send, reported by the next call
+}
+
+func newAcker(ch amqp.Acknowledger) *acker {
+	return &acker{ch: ch, unsettled: map[uint64]struct{}{}, held: map[uint64]struct{}{}, low: 1}
+}
+
+// register records a delivery as it arrives. Tags must be registered in the
+// order the broker sent them, before any settlement can cover them.
+func (a *acker) register(tag uint64) {
+	a.mu.Lock()
+	a.unsettled[tag] = struct{}{}
+	a.high = max(a.high, tag)
+	a.mu.Unlock()
+}
+
+// ack acks tags, whose outcomes are durable: at once with one multiple-ack
+// as far as everything below is settled, the rest within ackHold.
+func (a *acker) ack(tags []uint64) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, t := range tags {
+		delete(a.unsettled, t)
+		a.held[t] = struct{}{}
+	}
+	a.sendCovered()
+	if len(a.held) > 0 && a.timer == nil {
+		a.timer = time.AfterFunc(ackHold, a.flush)
+	}
+	return a.takeErr()
+}
+
+// nack hands one delivery back to the queue, at once.
+func (a *acker) nack(tag uint64) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.unsettled, tag)
+	a.frames++
+	err := a.ch.Nack(tag, false, true)
+	a.sendCovered()
+	if err != nil {
+		return err
+	}
+	return a.takeErr()
+}
+
+// flush sends every held ack now: those a multiple-ack can cover in one
+// frame, the others one by one. Call it before closing the channel.
+func (a *acker) flush() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.timer = nil
+	a.sendCovered()
+	rest := make([]uint64, 0, len(a.held))
+	for t := range a.held {
+		rest = append(rest, t)
+	}
+	slices.Sort(rest)
+	for _, t := range rest {
+		a.send(t, false)
+	}
+	clear(a.held)
+}
+
+// sendCovered advances low past settled tags and sends one multiple-ack for
+// the held tags below it.
+func (a *acker) sendCovered() {
+	for a.low <= a.high {
+		if _, ok := a.unsettled[a.low]; ok {
+			break
+		}
+		a.low++
+	}
+	var upTo uint64
+	for t := range a.held {
+		if t < a.low {
+			upTo = max(upTo, t)
+			delete(a.held, t)
+		}
+	}
+	if upTo > 0 {
+		a.send(upTo, true)
+	}
+}
+
+func (a *acker) send(tag uint64, multiple bool) {
+	a.frames++
+	if err := a.ch.Ack(tag, multiple); err != nil && a.err == nil {
+		a.err = err
+	}
+}
+
+func (a *acker) takeErr() error {
+	err := a.err
+	a.err = nil
+	return err
+}

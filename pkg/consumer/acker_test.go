@@ -1,0 +1,144 @@
+package consumer
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// broker models what RabbitMQ checks of one channel's acks: a tag may be
+// settled once, and a multiple-ack settles every unsettled tag at or below
+// it. It records the settlements the consumer never meant to make.
+type broker struct {
+	mu        sync.Mutex
+	unacked   map[uint64]bool
+	intended  map[uint64]bool // tags the consumer has settled
+	frames    int
+	violation error
+}
+
+func newBroker(n int) *broker {
+	b := &broker{unacked: map[uint64]bool{}, intended: map[uint64]bool{}}
+	for t := uint64(1); t <= uint64(n); t++ {
+		b.unacked[t] = true
+	}
+	return b
+}
+
+func (b *broker) settle(tag uint64, multiple bool) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.frames++
+	if !b.unacked[tag] {
+		b.violation = fmt.Errorf("tag %d settled twice (PRECONDITION_FAILED: unknown delivery tag)", tag)
+		return b.violation
+	}
+	for t := range b.unacked {
+		if t == tag || multiple && t < tag {
+			if !b.intended[t] {
+				b.violation = fmt.Errorf("multiple-ack %d covered tag %d, which was not settled", tag, t)
+			}
+			delete(b.unacked, t)
+		}
+	}
+	return nil
+}
+
+func (b *broker) Ack(tag uint64, multiple bool) error     { return b.settle(tag, multiple) }
+func (b *broker) Nack(tag uint64, multiple, _ bool) error { return b.settle(tag, multiple) }
+func (b *broker) Reject(tag uint64, _ bool) error         { return b.settle(tag, false) }
+func (b *broker) intend(tags ...uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, t := range tags {
+		b.intended[t] = true
+	}
+}
+
+func TestAckerUsesMultipleAckOnlyBelowTheFirstUnsettled(t *testing.T) {
+	b := newBroker(7)
+	a := newAcker(b)
+	for tag := uint64(1); tag <= 7; tag++ {
+		a.register(tag)
+	}
+	b.intend(2, 3)
+	require.NoError(t, a.ack([]uint64{2, 3}))
+	require.Equal(t, 0, b.frames, "1 is unsettled: 2 and 3 wait for it")
+	b.intend(1)
+	require.NoError(t, a.ack([]uint64{1}))
+	require.Equal(t, 1, b.frames, "1 to 3 go as one multiple-ack")
+	b.intend(4)
+	require.NoError(t, a.nack(4))
+	require.Equal(t, 2, b.frames)
+	b.intend(5, 6)
+	require.NoError(t, a.ack([]uint64{6, 5}))
+	require.Equal(t, 3, b.frames, "5 and 6 go as one multiple-ack")
+	require.NoError(t, b.violation)
+	require.Equal(t, map[uint64]bool{7: true}, b.unacked)
+}
+
+// TestAckerSendsAHeldAckWithinTheHold: an ack held behind a delivery that
+// stays in progress goes on its own after ackHold, not never.
+func TestAckerSendsAHeldAckWithinTheHold(t *testing.T) {
+	b := newBroker(2)
+	a := newAcker(b)
+	a.register(1)
+	a.register(2)
+	b.intend(2)
+	require.NoError(t, a.ack([]uint64{2}))
+	require.Eventually(t, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return !b.unacked[2]
+	}, 10*ackHold, ackHold/4)
+	require.True(t, b.unacked[1], "1 is still in progress")
+	require.NoError(t, b.violation)
+}
+
+// TestAckerNeverSettlesWhatWasNotSettled settles a stream of deliveries from
+// many goroutines at once, in random groups and order, with some nacks, and
+// checks against a model of the broker that no tag is settled twice and no
+// multiple-ack covers a delivery still being processed.
+func TestAckerNeverSettlesWhatWasNotSettled(t *testing.T) {
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		const n = 2000
+		b := newBroker(n)
+		a := newAcker(b)
+		work := make(chan []uint64)
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for tags := range work {
+					if len(tags) == 1 && tags[0]%7 == 0 {
+						b.intend(tags[0])
+						require.NoError(t, a.nack(tags[0]))
+						continue
+					}
+					b.intend(tags...)
+					require.NoError(t, a.ack(tags))
+				}
+			})
+		}
+		for tag := uint64(1); tag <= n; {
+			size := 1 + rng.IntN(16)
+			var group []uint64
+			for ; size > 0 && tag <= n; size-- {
+				a.register(tag)
+				group = append(group, tag)
+				tag++
+			}
+			rng.Shuffle(len(group), func(i, j int) { group[i], group[j] = group[j], group[i] })
+			work <- group
+		}
+		close(work)
+		wg.Wait()
+		a.flush()
+		require.NoError(t, b.violation, "seed %d", seed)
+		require.Empty(t, b.unacked, "seed %d: every delivery settled", seed)
+		require.Less(t, b.frames, n, "seed %d: multiple-acks saved frames", seed)
+	}
+}

@@ -1,0 +1,178 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemhq/idem/pkg/guard"
+)
+
+// BatchHandler is a Handler that applies many events in one statement or a
+// few. The consumer uses ApplyBatch when the handler has it, and calls Apply
+// once per event inside the batch's transaction when it does not.
+type BatchHandler[T any] interface {
+	Handler[T]
+	// ApplyBatch performs the effects of vs through tx, which also holds
+	// their dedup rows. vs holds distinct, new events. Take row locks in a
+	// fixed order (sorted keys), so that two batches cannot deadlock. An
+	// error fails the whole batch: the consumer splits it and retries the
+	// halves, so that only the event that fails takes Apply's retry and
+	// dead-letter path.
+	ApplyBatch(ctx context.Context, tx pgx.Tx, vs []T) error
+}
+
+// gather reads deliveries, registers each with the acker in the broker's
+// order, and hands them to the workers in batches: a batch goes as soon as it
+// is full, or once its first delivery has waited Config.BatchLinger and a
+// worker is free. With BatchSize 1 every delivery goes on its own.
+func (w *worker[T]) gather(deliveries <-chan amqp.Delivery, batches chan<- []amqp.Delivery) {
+	defer close(batches)
+	size, linger := w.c.cfg.BatchSize, w.c.cfg.BatchLinger
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	var cur []amqp.Delivery
+	lingered := false
+	in := deliveries
+	for {
+		var out chan<- []amqp.Delivery
+		if len(cur) > 0 && (len(cur) >= size || lingered) {
+			out = batches
+		}
+		read := in
+		if len(cur) >= size {
+			read = nil // full: wait for a worker
+		}
+		select {
+		case d, ok := <-read:
+			if !ok {
+				if len(cur) > 0 {
+					batches <- cur
+				}
+				return
+			}
+			w.acker.register(d.DeliveryTag)
+			cur = append(cur, d)
+			if len(cur) == 1 && size > 1 {
+				timer.Reset(linger)
+			}
+		case out <- cur:
+			cur = nil
+			lingered = false
+			timer.Stop()
+		case <-timer.C:
+			lingered = true
+		}
+	}
+}
+
+// handleDeliveries decodes a batch of deliveries, dead-letters those that
+// cannot be processed and takes the rest to their outcomes.
+func (w *worker[T]) handleDeliveries(ctx context.Context, ds []amqp.Delivery) {
+	items := make([]item[T], 0, len(ds))
+	for _, d := range ds {
+		if it, ok := w.prepare(ctx, d); ok {
+			items = append(items, it)
+		}
+	}
+	w.handleBatch(ctx, items)
+}
+
+// handleBatch takes items to durable outcomes through one transaction and
+// acks them. A failure that is not the store's being away splits the batch,
+// until the event that fails stands alone and takes handleOne's path.
+func (w *worker[T]) handleBatch(ctx context.Context, items []item[T]) {
+	switch len(items) {
+	case 0:
+		return
+	case 1:
+		w.handleOne(ctx, items[0])
+		return
+	}
+	cfg := &w.c.cfg
+	events := make([]guard.Event, len(items))
+	for i, it := range items {
+		events[i] = it.ev
+	}
+	heldSince := time.Now()
+	for wait := 1; ; wait++ {
+		actx, cancel := context.WithTimeout(ctx, cfg.HandlerTimeout)
+		res, err := w.c.guard.ProcessBatch(actx, events, w.applyBatch(items))
+		timedOut := errors.Is(actx.Err(), context.DeadlineExceeded)
+		cancel()
+		if err == nil {
+			w.settle(ctx, items, res)
+			return
+		}
+		if ctx.Err() != nil {
+			for _, it := range items {
+				w.requeue(it.d, RequeueShutdown)
+			}
+			return
+		}
+		verdict, reason := classify(err, timedOut)
+		if verdict == holdInPlace {
+			if time.Since(heldSince) >= cfg.StoreHold {
+				cfg.Logger.Warn("store unavailable for store_hold, handing the deliveries back", "deliveries", len(items), "err", err, "store_hold", cfg.StoreHold)
+				for _, it := range items {
+					w.requeue(it.d, reason)
+				}
+				return
+			}
+			cfg.OnCount(CounterStoreRetry)
+			delay := cfg.RetryBackoff.Delay(wait)
+			cfg.Logger.Warn("store unavailable, retrying in place", "deliveries", len(items), "err", err, "delay", delay)
+			if !sleep(w.stop, delay) {
+				for _, it := range items {
+					w.requeue(it.d, RequeueShutdown)
+				}
+				return
+			}
+			continue
+		}
+		// Nothing committed. The failure may be one event's: split.
+		cfg.OnCount(CounterBatchSplit)
+		cfg.Logger.Debug("batch failed, splitting it", "deliveries", len(items), "reason", reason, "err", err)
+		mid := len(items) / 2
+		w.handleBatch(ctx, items[:mid])
+		w.handleBatch(ctx, items[mid:])
+		return
+	}
+}
+
+// applyBatch adapts the handler to the guard: it applies the claimed items.
+func (w *worker[T]) applyBatch(items []item[T]) guard.BatchApplyFunc {
+	return func(ctx context.Context, tx pgx.Tx, claimed []int) error {
+		if bh, ok := w.c.handler.(BatchHandler[T]); ok {
+			vs := make([]T, len(claimed))
+			for k, i := range claimed {
+				vs[k] = items[i].v
+			}
+			return bh.ApplyBatch(ctx, tx, vs)
+		}
+		for _, i := range claimed {
+			if err := w.c.handler.Apply(ctx, tx, items[i].v); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// settle acks a processed batch, and dead-letters its payload conflicts.
+func (w *worker[T]) settle(ctx context.Context, items []item[T], res []guard.Result) {
+	acked := make([]item[T], 0, len(items))
+	outcomes := make([]guard.Outcome, 0, len(items))
+	for i, r := range res {
+		if r.Outcome == guard.OutcomePayloadConflict {
+			w.deadLetter(ctx, items[i].d, ReasonPayloadConflict, r.Err)
+			continue
+		}
+		acked = append(acked, items[i])
+		outcomes = append(outcomes, r.Outcome)
+	}
+	w.ack(ctx, acked, outcomes)
+}
