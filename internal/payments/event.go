@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -131,41 +130,101 @@ func Decode(body []byte) (Event, error) {
 }
 
 // objectFields splits body, one JSON object, into its raw values by key,
-// refusing duplicate, unknown and wrong-case keys and trailing data.
+// refusing duplicate, unknown and wrong-case keys and trailing data. The body
+// is validated as JSON first, so the split only has to find where each key
+// and value ends.
 func objectFields(body []byte) (map[string]json.RawMessage, error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+	if !json.Valid(body) {
+		// Let the decoder say what is wrong, and where.
+		var v any
+		err := json.Unmarshal(body, &v)
 		if err == nil {
-			err = errors.New("want a JSON object")
+			err = errors.New("invalid JSON")
 		}
 		return nil, consumer.Reject(ReasonInvalidJSON, err)
 	}
+	i := skipSpace(body, 0)
+	if body[i] != '{' {
+		return nil, consumer.Reject(ReasonInvalidJSON, errors.New("want a JSON object"))
+	}
 	fields := make(map[string]json.RawMessage, len(knownFields))
-	for dec.More() {
-		tok, err := dec.Token()
+	for i = skipSpace(body, i+1); body[i] != '}'; i = skipSpace(body, i) {
+		if body[i] == ',' {
+			i = skipSpace(body, i+1)
+		}
+		end := valueEnd(body, i)
+		key, err := jsonString(body[i:end])
 		if err != nil {
 			return nil, consumer.Reject(ReasonInvalidJSON, err)
 		}
-		key, _ := tok.(string) // inside an object, a token before a value is a key
 		if _, dup := fields[key]; dup {
 			return nil, consumer.Reject(ReasonDuplicateKey, fmt.Errorf("key %q appears more than once", key))
 		}
 		if !slices.Contains(knownFields, key) {
 			return nil, consumer.Reject(ReasonUnknownField, unknownFieldErr(key))
 		}
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return nil, consumer.Reject(ReasonInvalidJSON, err)
-		}
-		fields[key] = raw
-	}
-	if _, err := dec.Token(); err != nil { // the closing brace
-		return nil, consumer.Reject(ReasonInvalidJSON, err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, consumer.Reject(ReasonInvalidJSON, errors.New("trailing data after the JSON object"))
+		i = skipSpace(body, end)
+		i = skipSpace(body, i+1) // the colon
+		end = valueEnd(body, i)
+		fields[key] = body[i:end]
+		i = end
 	}
 	return fields, nil
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// valueEnd returns where the valid JSON value starting at b[i] ends.
+func valueEnd(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		for j := i + 1; ; j++ {
+			switch b[j] {
+			case '\\':
+				j++
+			case '"':
+				return j + 1
+			}
+		}
+	case '{', '[':
+		depth := 0
+		for j := i; ; j++ {
+			switch b[j] {
+			case '"':
+				j = valueEnd(b, j) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return j + 1
+				}
+			}
+		}
+	}
+	j := i
+	for j < len(b) && !strings.ContainsRune(" \t\n\r,}]", rune(b[j])) {
+		j++
+	}
+	return j
+}
+
+// jsonString decodes a valid JSON string literal; one without escapes is
+// its bytes between the quotes.
+func jsonString(lit []byte) (string, error) {
+	if len(lit) < 2 || lit[0] != '"' {
+		return "", fmt.Errorf("want a string, got %s", truncate(string(lit), 40))
+	}
+	if bytes.IndexByte(lit, '\\') < 0 {
+		return string(lit[1 : len(lit)-1]), nil
+	}
+	var s string
+	err := json.Unmarshal(lit, &s)
+	return s, err
 }
 
 func unknownFieldErr(key string) error {
@@ -185,8 +244,8 @@ func stringField(fields map[string]json.RawMessage, key string) (*string, error)
 	if !ok || string(raw) == "null" {
 		return nil, nil
 	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
+	s, err := jsonString(raw)
+	if err != nil {
 		return nil, fieldErr(key, "want a string, got %s", truncate(string(raw), 40))
 	}
 	if i := strings.IndexByte(s, 0); i >= 0 {

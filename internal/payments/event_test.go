@@ -1,6 +1,7 @@
 package payments
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -120,6 +121,15 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("error without a reason: %v", err)
 			}
 			return
+		}
+		// The standard decoder must read the same values.
+		var std struct {
+			EventID string `json:"eventId"`
+			UserID  string `json:"userId"`
+			Amount  int64  `json:"amount"`
+		}
+		if err := json.Unmarshal(body, &std); err != nil || std.EventID != ev.EventID || std.UserID != ev.UserID || std.Amount != ev.Amount {
+			t.Fatalf("encoding/json reads %+v (%v), Decode %+v", std, err, ev)
 		}
 		// Whatever decodes must survive a round trip unchanged.
 		again, err := Decode(ev.Marshal())
