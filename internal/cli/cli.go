@@ -33,6 +33,8 @@ var commands = []command{
 	{"chaos", "run a fleet under a seeded schedule of faults and judge it", runChaos},
 	{"lab", "compare the five dedup approaches under the same faults", runLab},
 	{"lab-worker", "one worker process of 'idem lab' (started by it)", runLabWorker},
+	{"bench", "measure throughput, CPU and latency against a raw consumer", runBench},
+	{"bench-worker", "one consumer process of 'idem bench' (started by it)", runBenchWorker},
 	{"config", "print every setting with its environment variable and value", runConfig},
 	{"version", "print the version and VCS revision of this binary", runVersion},
 }

@@ -23,7 +23,14 @@ type PublishOptions struct {
 	Window int
 	// Progress, if set, receives a progress line every second.
 	Progress io.Writer
+	// StampSent adds HeaderSentAt to every message, for latency
+	// measurements.
+	StampSent bool
 }
+
+// HeaderSentAt carries, with StampSent, when the message was published, in
+// Unix nanoseconds.
+const HeaderSentAt = "x-idem-sent-at"
 
 // Publish sends the stream's messages, persistent, to the queue through the
 // default exchange, and returns once the broker confirmed every one. A
@@ -75,7 +82,12 @@ func Publish(ctx context.Context, opt PublishOptions, s Stream) error {
 	}
 	publish := func(n int) (*amqp.DeferredConfirmation, error) {
 		ev := s.Events[s.Order[n]]
+		var headers amqp.Table
+		if opt.StampSent {
+			headers = amqp.Table{HeaderSentAt: time.Now().UnixNano()}
+		}
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", opt.Topology.Queue, true, false, amqp.Publishing{
+			Headers:      headers,
 			ContentType:  "application/json",
 			DeliveryMode: amqp.Persistent,
 			MessageId:    ev.EventID,

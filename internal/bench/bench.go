@@ -1,0 +1,607 @@
+// Package bench measures what idem costs: every configuration of the
+// consumer side by side with a raw consume-and-ack baseline, on the same
+// broker, database and Redis, in one run. It is `idem bench`; each consumer
+// is an `idem bench-worker` process, so that its CPU can be read from /proc
+// apart from the services'.
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemhq/idem/internal/loadgen"
+	"github.com/idemhq/idem/internal/payments"
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/verify"
+	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/pkg/guard/pgtier"
+	"github.com/idemhq/idem/pkg/guard/redistier"
+)
+
+// Options describe a bench run.
+type Options struct {
+	Bin         string // the idem binary, for the workers
+	Dir         string // worker logs and stats
+	AMQPURL     string
+	DatabaseURL string
+	RedisURL    string
+	Events      int     // messages per row
+	Users       int     // distinct users the payments spread over
+	Runs        int     // runs of each row; the table shows medians
+	Prefill     int     // rows in the pre-filled dedup table
+	Rate        float64 // offered rate of the latency row, messages/s
+	LatencyFor  time.Duration
+	Only        []string // row names to run (all if empty)
+	// Profile writes a CPU profile of every worker into Dir.
+	Profile  bool
+	Seed     uint64
+	Progress io.Writer
+}
+
+func (o *Options) validate() error {
+	switch {
+	case o.Events < 100:
+		return fmt.Errorf("bench: --events must be at least 100, got %d", o.Events)
+	case o.Runs < 1:
+		return fmt.Errorf("bench: --runs must be at least 1, got %d", o.Runs)
+	case o.Users < 1:
+		return fmt.Errorf("bench: --users must be at least 1, got %d", o.Users)
+	case o.Rate <= 0 || o.LatencyFor < time.Second:
+		return fmt.Errorf("bench: --rate must be positive and --latency-for at least 1s")
+	case o.Prefill < 0:
+		return fmt.Errorf("bench: --prefill must not be negative")
+	}
+	return nil
+}
+
+// Run runs the rows and returns one Result per row.
+func Run(ctx context.Context, o Options) ([]Result, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	rows := Rows()
+	if len(o.Only) > 0 {
+		rows = slices.DeleteFunc(rows, func(r Row) bool { return !slices.Contains(o.Only, r.Name) })
+		if len(rows) == 0 {
+			return nil, fmt.Errorf("bench: --rows matched no row")
+		}
+	}
+	b := &bencher{o: o}
+	if slices.ContainsFunc(rows, func(r Row) bool { return r.Prefilled }) {
+		if err := b.prefill(ctx); err != nil {
+			return nil, err
+		}
+	}
+	var results []Result
+	for i, row := range rows {
+		var runs []runResult
+		for run := range o.Runs {
+			b.progress("[%d/%d] %s, run %d of %d", i+1, len(rows), row.Name, run+1, o.Runs)
+			r, err := b.runRow(ctx, row, run)
+			if err != nil {
+				return results, fmt.Errorf("bench: %s: %w", row.Name, err)
+			}
+			b.progress("    %.0f msg/s, %.0f µs CPU/msg, %.2f round trips/msg", r.Rate, r.CPU.Total(), r.Trips)
+			runs = append(runs, r)
+		}
+		results = append(results, summarize(row, runs))
+	}
+	ratios(results)
+	return results, nil
+}
+
+type bencher struct {
+	o      Options
+	seq    int
+	schema string // the pre-filled schema, once made
+}
+
+func (b *bencher) progress(format string, args ...any) {
+	if b.o.Progress != nil {
+		fmt.Fprintf(b.o.Progress, format+"\n", args...)
+	}
+}
+
+// runResult is one run of one row.
+type runResult struct {
+	Rate        float64 // messages per second
+	CPU         CPU     // µs per message
+	Trips       float64 // Postgres and Redis round trips per message
+	RSS         int64   // the largest consumer peak RSS, bytes
+	Errors      int64   // requeues and dead letters
+	Breaker     int64   // breaker transitions
+	Doubled     int
+	Missing     int
+	P50, P99    float64 // latency, ms (latency row)
+	BytesPerKey float64 // Redis memory per done key
+}
+
+// CPU is CPU time per message, in microseconds, by tier.
+type CPU struct {
+	Consumer float64 `json:"consumer"`
+	Postgres float64 `json:"postgres"`
+	RabbitMQ float64 `json:"rabbitmq"`
+	Redis    float64 `json:"redis"`
+}
+
+// Total is the CPU of all tiers.
+func (c CPU) Total() float64 { return c.Consumer + c.Postgres + c.RabbitMQ + c.Redis }
+
+// runRow sets up a fresh queue, schema and Redis prefix, runs the row's
+// workers over its stream, measures, verifies and cleans up.
+func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, error) {
+	b.seq++
+	name := fmt.Sprintf("b%d%04x", b.seq, rand.Uint32()&0xffff)
+	queue := "idem.bench." + name
+	topo := consumer.TopologyFor(queue, consumer.DefaultBrokerDeliveryLimit)
+	defer deleteQueue(b.o.AMQPURL, topo)
+
+	schema := name
+	if row.Prefilled {
+		schema = b.schema
+	} else if row.Mode == "idem" {
+		if err := createSchema(ctx, b.o.DatabaseURL, schema); err != nil {
+			return runResult{}, err
+		}
+		defer dropSchema(b.o.DatabaseURL, schema)
+	}
+	dbURL := testenv.WithParam(b.o.DatabaseURL, "search_path", schema)
+	rdb, err := redisClient(b.o.RedisURL)
+	if err != nil {
+		return runResult{}, err
+	}
+	defer rdb.Close()
+	defer deleteKeys(rdb, name)
+
+	spec, stream, err := b.stream(row, run, name)
+	if err != nil {
+		return runResult{}, err
+	}
+	redisOn := row.Mode == "idem" && !row.RedisDown && !slices.Contains(row.Env, redisOff)
+	if row.Dups == 1 && row.Mode == "idem" {
+		// Every message is a re-send: process the stream once first, as
+		// the workers would have.
+		if err := b.processOnce(ctx, dbURL, rdb, name, redisOn, stream.Events); err != nil {
+			return runResult{}, err
+		}
+	}
+	pub := loadgen.PublishOptions{URL: b.o.AMQPURL, Topology: topo, ConnectionName: "idem-bench-publish"}
+	if !row.Latency {
+		if err := loadgen.Publish(ctx, pub, stream); err != nil {
+			return runResult{}, err
+		}
+	}
+
+	env := []string{
+		"AMQP_URL=" + b.o.AMQPURL, "DATABASE_URL=" + dbURL, "REDIS_URL=" + b.o.RedisURL,
+		"IDEM_QUEUE=" + queue, "IDEM_REDIS_PREFIX=" + name, "IDEM_LOG_LEVEL=warn",
+	}
+	if row.RedisDown {
+		env[2] = "REDIS_URL=redis://127.0.0.1:1/0" // nothing listens on port 1
+	}
+	env = append(env, row.Env...)
+	workers, err := startWorkers(b.o.Bin, b.o.Dir, name, row, env, b.o.Profile)
+	if err != nil {
+		return runResult{}, err
+	}
+	defer workers.kill()
+
+	before, err := sampleCPU(workers.pids())
+	if err != nil {
+		return runResult{}, err
+	}
+	start := time.Now()
+	if err := workers.start(); err != nil {
+		return runResult{}, err
+	}
+	pubErr := make(chan error, 1)
+	if row.Latency {
+		pub.Rate, pub.StampSent = b.o.Rate, true
+		go func() { pubErr <- loadgen.Publish(ctx, pub, stream) }()
+	} else {
+		pubErr <- nil
+	}
+	messages := int64(len(stream.Order))
+	if err := workers.waitSettled(ctx, messages, b.o.LatencyFor+5*time.Minute); err != nil {
+		return runResult{}, err
+	}
+	after, err := sampleCPU(workers.pids())
+	if err != nil {
+		return runResult{}, err
+	}
+	if err := <-pubErr; err != nil {
+		return runResult{}, err
+	}
+	var rss int64
+	for _, pid := range workers.pids() {
+		rss = max(rss, peakRSS(pid))
+	}
+	stats, err := workers.stop()
+	if err != nil {
+		return runResult{}, err
+	}
+
+	r := runResult{RSS: rss}
+	var last int64
+	var trips int64
+	var lat []int64
+	for _, s := range stats {
+		last = max(last, s.Last)
+		trips += s.PGTrips + s.RedisTrips
+		r.Errors += s.Retried + s.DeadLetter
+		r.Breaker += s.Breaker
+		lat = append(lat, s.LatencyMicros...)
+	}
+	elapsed := time.Unix(0, last).Sub(start).Seconds()
+	r.Rate = float64(messages) / elapsed
+	d := cpuDelta(before, after)
+	per := 1e6 / float64(messages)
+	r.CPU = CPU{Consumer: d[TierConsumer] * per, Postgres: d[TierPostgres] * per, RabbitMQ: d[TierRabbitMQ] * per, Redis: d[TierRedis] * per}
+	r.Trips = float64(trips) / float64(messages)
+	if row.Latency {
+		r.P50, r.P99 = percentile(lat, 0.50), percentile(lat, 0.99)
+	}
+	if row.Mode == "idem" {
+		pool, err := pgxpool.New(ctx, dbURL)
+		if err != nil {
+			return r, err
+		}
+		defer pool.Close()
+		rep, err := verify.Check(ctx, pool, loadgen.NewManifest(spec, queue, stream))
+		if err != nil {
+			return r, err
+		}
+		r.Doubled, r.Missing = rep.Doubled, rep.Missing
+		if redisOn {
+			r.BytesPerKey = bytesPerKey(ctx, rdb, name)
+		}
+	}
+	return r, nil
+}
+
+// stream builds the row's stream: Events messages, of which the row's Dups
+// fraction are re-sends.
+func (b *bencher) stream(row Row, run int, name string) (loadgen.StreamSpec, loadgen.Stream, error) {
+	n := b.o.Events
+	if row.Latency {
+		n = int(b.o.Rate * b.o.LatencyFor.Seconds())
+	}
+	spec := loadgen.StreamSpec{RunID: name, Count: n, Users: b.o.Users, Seed: b.o.Seed + uint64(run), DelayWindow: 1000}
+	if row.Dups > 0 && row.Dups < 1 {
+		spec.Count = int(float64(n) * (1 - row.Dups))
+		spec.DupRatio = row.Dups / (1 - row.Dups)
+	}
+	s, err := loadgen.Build(spec)
+	return spec, s, err
+}
+
+// processOnce runs events through the guard and the payments handler, as a
+// consumer would have, so that the row's messages are all duplicates.
+func (b *bencher) processOnce(ctx context.Context, dbURL string, rdb *redis.Client, prefix string, redisOn bool, events []payments.Event) error {
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	gcfg := guard.Config{Scope: "payments", Store: pgtier.New(pool)}
+	if redisOn {
+		f, err := redistier.New(rdb, redistier.Config{Prefix: prefix, Timeout: 5 * time.Second})
+		if err != nil {
+			return err
+		}
+		gcfg.Fast = f
+	}
+	g, err := guard.New(gcfg)
+	if err != nil {
+		return err
+	}
+	for chunk := range slices.Chunk(events, 500) {
+		evs := make([]guard.Event, len(chunk))
+		for i, ev := range chunk {
+			evs[i] = guard.Event{ID: ev.EventID, Hash: ev.Hash()}
+		}
+		_, err := g.ProcessBatch(ctx, evs, func(ctx context.Context, tx pgx.Tx, claimed []int) error {
+			vs := make([]payments.Event, len(claimed))
+			for k, i := range claimed {
+				vs[k] = chunk[i]
+			}
+			return payments.Handler{}.ApplyBatch(ctx, tx, vs)
+		})
+		if err != nil {
+			return fmt.Errorf("process the stream once: %w", err)
+		}
+	}
+	return g.Flush(ctx)
+}
+
+// prefill makes the schema of the pre-filled row: idem's tables with
+// Options.Prefill dedup rows of random IDs. The primary key is built after
+// the load, as a restore would.
+func (b *bencher) prefill(ctx context.Context) error {
+	b.schema = fmt.Sprintf("idem_bench_prefilled_%d", b.o.Prefill)
+	conn, err := pgx.Connect(ctx, b.o.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	var n int64
+	err = conn.QueryRow(ctx, `SELECT coalesce((SELECT reltuples::bigint FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
+		WHERE s.nspname = $1 AND c.relname = 'idem_processed'), -1)`, b.schema).Scan(&n)
+	if err != nil {
+		return err
+	}
+	if n >= int64(b.o.Prefill) {
+		b.progress("pre-filled table %s.idem_processed is there (%d rows): reusing it", b.schema, n)
+		return nil
+	}
+	b.progress("pre-filling %s.idem_processed with %d rows (once; later runs reuse it)...", b.schema, b.o.Prefill)
+	began := time.Now()
+	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+b.schema+" CASCADE"); err != nil {
+		return err
+	}
+	if err := createSchema(ctx, b.o.DatabaseURL, b.schema); err != nil {
+		return err
+	}
+	for _, q := range []string{
+		"SET search_path = " + b.schema,
+		`ALTER TABLE idem_processed DROP CONSTRAINT idem_processed_pkey`,
+		`DROP INDEX idem_processed_processed_at`,
+		fmt.Sprintf(`INSERT INTO idem_processed (scope, event_id, payload_hash, processed_at)
+			SELECT 'payments', 'evt_' || md5(g::text), sha256(g::text::bytea), now() - (g %% 86400) * interval '1 second'
+			FROM generate_series(1, %d) AS g`, b.o.Prefill),
+		`ALTER TABLE idem_processed ADD PRIMARY KEY (scope, event_id)`,
+		`CREATE INDEX idem_processed_processed_at ON idem_processed (processed_at)`,
+		`VACUUM ANALYZE idem_processed`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return fmt.Errorf("pre-fill: %w", err)
+		}
+	}
+	b.progress("pre-filled in %s", time.Since(began).Round(time.Second))
+	return nil
+}
+
+func createSchema(ctx context.Context, dbURL, schema string) error {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		return err
+	}
+	pool, err := pgxpool.New(ctx, testenv.WithParam(dbURL, "search_path", schema))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	_, err = payments.Migrate(ctx, pool)
+	return err
+}
+
+func dropSchema(dbURL, schema string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if conn, err := pgx.Connect(ctx, dbURL); err == nil {
+		_, _ = conn.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+		conn.Close(ctx)
+	}
+}
+
+func deleteQueue(url string, t consumer.Topology) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	if ch, err := conn.Channel(); err == nil {
+		_, _ = ch.QueueDelete(t.Queue, false, false, false)
+		_, _ = ch.QueueDelete(t.DeadLetterQueue, false, false, false)
+		_ = ch.ExchangeDelete(t.DeadLetterExchange, false, false)
+	}
+}
+
+func redisClient(url string) (*redis.Client, error) {
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("redis_url: %w", err)
+	}
+	opt.ContextTimeoutEnabled = true
+	return redis.NewClient(opt), nil
+}
+
+func deleteKeys(rdb *redis.Client, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		if keys = append(keys, iter.Val()); len(keys) == 1000 {
+			rdb.Unlink(ctx, keys...)
+			keys = keys[:0]
+		}
+	}
+	if len(keys) > 0 {
+		rdb.Unlink(ctx, keys...)
+	}
+}
+
+// bytesPerKey is the median MEMORY USAGE of up to 200 of the row's keys.
+func bytesPerKey(ctx context.Context, rdb *redis.Client, prefix string) float64 {
+	keys, _, err := rdb.Scan(ctx, 0, prefix+":*", 400).Result()
+	if err != nil {
+		return 0
+	}
+	var sizes []int64
+	for _, k := range keys[:min(len(keys), 200)] {
+		if n, err := rdb.MemoryUsage(ctx, k).Result(); err == nil {
+			sizes = append(sizes, n)
+		}
+	}
+	return float64(percentile(sizes, 0.5))
+}
+
+func percentile(v []int64, p float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return float64(s[min(len(s)-1, int(math.Ceil(p*float64(len(s))))-1)]) / 1000
+}
+
+// workerSet is a row's worker processes.
+type workerSet struct {
+	procs []*workerProc
+}
+
+type workerProc struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	stats string
+	done  chan error
+}
+
+func startWorkers(bin, dir, name string, row Row, env []string, profile bool) (*workerSet, error) {
+	ws := &workerSet{}
+	mode := row.Mode
+	for i := range row.Procs {
+		wname := fmt.Sprintf("%s-%d", name, i)
+		p := &workerProc{stats: filepath.Join(dir, wname+".stats.json"), done: make(chan error, 1)}
+		args := []string{"bench-worker", "--mode", mode, "--name", wname, "--stats-file", p.stats}
+		if profile {
+			args = append(args, "--cpuprofile", filepath.Join(dir, wname+".pprof"))
+		}
+		p.cmd = exec.Command(bin, args...)
+		p.cmd.Env = append(os.Environ(), env...)
+		logf, err := os.Create(filepath.Join(dir, wname+".log"))
+		if err != nil {
+			return ws, err
+		}
+		p.cmd.Stderr = logf
+		out, err := p.cmd.StdoutPipe()
+		if err != nil {
+			return ws, err
+		}
+		if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+			return ws, err
+		}
+		if err := p.cmd.Start(); err != nil {
+			return ws, err
+		}
+		ws.procs = append(ws.procs, p)
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err != nil || strings.TrimSpace(line) != "ready" {
+			return ws, fmt.Errorf("worker %s did not get ready (see %s.log): %q %v", wname, filepath.Join(dir, wname), line, err)
+		}
+		go func() { p.done <- p.cmd.Wait(); logf.Close() }()
+	}
+	return ws, nil
+}
+
+func (ws *workerSet) pids() []int {
+	out := make([]int, len(ws.procs))
+	for i, p := range ws.procs {
+		out[i] = p.cmd.Process.Pid
+	}
+	return out
+}
+
+func (ws *workerSet) start() error {
+	for _, p := range ws.procs {
+		if _, err := io.WriteString(p.stdin, "go\n"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (ws *workerSet) snapshot() ([]WorkerStats, error) {
+	out := make([]WorkerStats, len(ws.procs))
+	for i, p := range ws.procs {
+		b, err := os.ReadFile(p.stats)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			return nil, err
+		}
+		if err := json.Unmarshal(b, &out[i]); err != nil {
+			continue // caught mid-write; the next poll reads it
+		}
+	}
+	return out, nil
+}
+
+// waitSettled polls the workers' stats until they settled n deliveries.
+func (ws *workerSet) waitSettled(ctx context.Context, n int64, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		stats, err := ws.snapshot()
+		if err != nil {
+			return err
+		}
+		var settled int64
+		for _, s := range stats {
+			settled += s.Settled + s.DeadLetter
+		}
+		if settled >= n {
+			return nil
+		}
+		for _, p := range ws.procs {
+			select {
+			case err := <-p.done:
+				return fmt.Errorf("worker exited early: %v", err)
+			default:
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("settled %d of %d messages in %s", settled, n, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// stop ends the workers with SIGTERM and returns their final stats.
+func (ws *workerSet) stop() ([]WorkerStats, error) {
+	for _, p := range ws.procs {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, p := range ws.procs {
+		select {
+		case <-p.done:
+		case <-time.After(time.Minute):
+			return nil, errors.New("a worker did not stop within a minute of SIGTERM")
+		}
+	}
+	return ws.snapshot()
+}
+
+func (ws *workerSet) kill() {
+	for _, p := range ws.procs {
+		_ = p.cmd.Process.Kill()
+	}
+}

@@ -1,0 +1,125 @@
+package bench
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat: 100
+// on every Linux architecture Go supports.
+const clockTicks = 100
+
+// Tier names the processes whose CPU a row is charged.
+type Tier string
+
+const (
+	TierConsumer Tier = "consumer"
+	TierPostgres Tier = "postgres"
+	TierRabbitMQ Tier = "rabbitmq"
+	TierRedis    Tier = "redis"
+)
+
+// serviceOf maps a process name (comm) to the service it belongs to.
+func serviceOf(comm string) (Tier, bool) {
+	switch {
+	case comm == "postgres" || strings.HasPrefix(comm, "postgres:"):
+		return TierPostgres, true
+	case comm == "beam.smp" || comm == "erl_child_setup" || comm == "inet_gethost" || comm == "epmd":
+		return TierRabbitMQ, true
+	case comm == "redis-server":
+		return TierRedis, true
+	}
+	return "", false
+}
+
+// cpuSample is CPU seconds consumed so far, per process.
+type cpuSample map[int]float64
+
+// sampleCPU reads the CPU time of every service process and of the given
+// consumer pids.
+func sampleCPU(consumers []int) (map[Tier]cpuSample, error) {
+	out := map[Tier]cpuSample{TierConsumer: {}, TierPostgres: {}, TierRabbitMQ: {}, TierRedis: {}}
+	for _, pid := range consumers {
+		if _, secs, ok := readStat(pid); ok {
+			out[TierConsumer][pid] = secs
+		}
+	}
+	dirs, err := filepath.Glob("/proc/[0-9]*")
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(filepath.Base(d))
+		if err != nil {
+			continue
+		}
+		comm, secs, ok := readStat(pid)
+		if !ok {
+			continue
+		}
+		if tier, ok := serviceOf(comm); ok {
+			out[tier][pid] = secs
+		}
+	}
+	return out, nil
+}
+
+// readStat returns a process's name and its user+system CPU seconds.
+func readStat(pid int) (string, float64, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return "", 0, false
+	}
+	s := string(b)
+	open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || closing < open {
+		return "", 0, false
+	}
+	comm := s[open+1 : closing]
+	f := strings.Fields(s[closing+1:])
+	// After the name: state is field 3 of the file, utime 14, stime 15.
+	if len(f) < 13 {
+		return "", 0, false
+	}
+	ut, err1 := strconv.ParseFloat(f[11], 64)
+	st, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return "", 0, false
+	}
+	return comm, (ut + st) / clockTicks, true
+}
+
+// cpuDelta is the CPU seconds each tier used between two samples. A process
+// that started in between counts from zero.
+func cpuDelta(before, after map[Tier]cpuSample) map[Tier]float64 {
+	out := map[Tier]float64{}
+	for tier, procs := range after {
+		for pid, secs := range procs {
+			out[tier] += secs - before[tier][pid]
+		}
+	}
+	return out
+}
+
+// peakRSS returns a process's peak resident set (VmHWM), in bytes.
+func peakRSS(pid int) int64 {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb * 1024
+		}
+	}
+	return 0
+}

@@ -1,0 +1,107 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/idemhq/idem/internal/bench"
+)
+
+func runBench(ctx context.Context, e *env, args []string) error {
+	var names []string
+	for _, r := range bench.Rows() {
+		names = append(names, "  "+r.Name)
+	}
+	fs := newFlags(e, "bench", `Measures idem against a raw consumer that only consumes and acks, every row
+on the same broker, database and Redis in one run, and prints one table:
+messages per second (median of --runs) and the ratio to the row's baseline,
+CPU per message of the consumer, PostgreSQL, RabbitMQ and Redis (from /proc),
+Postgres and Redis round trips per message, the consumer's peak RSS, errors,
+breaker transitions, and events doubled or missing (each idem run is
+verified). Each row gets a fresh queue, schema and Redis key prefix; a
+"100%" row's stream was processed once before, so every message is a
+duplicate. The rows:
+
+`+strings.Join(names, "\n")+`
+
+The 10M-row row pre-fills a dedup table once, in a schema kept for later
+runs (about a minute). Run it on an otherwise idle machine: CPU is read for
+every postgres, beam.smp and redis-server process.`)
+	events := fs.Int("events", 20000, "messages per row")
+	runs := fs.Int("runs", 3, "runs of each row; the table shows medians")
+	users := fs.Int("users", 1000, "distinct users the payments spread over")
+	prefill := fs.Int("prefill", 10_000_000, "rows in the pre-filled dedup table")
+	rate := fs.Float64("rate", 5000, "offered rate of the latency row, messages/s")
+	latencyFor := fs.Duration("latency-for", 10*time.Second, "how long the latency row publishes")
+	rows := fs.String("rows", "", "semicolon-separated row names to run (default: all)")
+	seed := fs.Uint64("seed", 1, "random seed of the streams")
+	jsonPath := fs.String("json", "", "also write the results as JSON to this `file`")
+	svgPath := fs.String("svg", "", "also write a bar chart of the ratios as SVG to this `file`")
+	dir := fs.String("dir", "", "worker logs go here (default: a temporary directory)")
+	profile := fs.Bool("profile", false, "write a CPU profile of each worker into --dir")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg, _, err := e.loadConfig("")
+	if err != nil {
+		return err
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if *dir == "" {
+		if *dir, err = os.MkdirTemp("", "idem-bench-"); err != nil {
+			return err
+		}
+	} else if err := os.MkdirAll(*dir, 0o755); err != nil {
+		return err
+	}
+	var only []string
+	for _, r := range strings.Split(*rows, ";") {
+		if r = strings.TrimSpace(r); r != "" {
+			only = append(only, r)
+		}
+	}
+	fmt.Fprintf(e.stdout, "idem bench: %d messages per row, %d run(s) each; worker logs in %s\n", *events, *runs, *dir)
+	results, err := bench.Run(ctx, bench.Options{
+		Bin: bin, Dir: *dir, AMQPURL: cfg.AMQPURL, DatabaseURL: cfg.DatabaseURL, RedisURL: cfg.RedisURL,
+		Events: *events, Users: *users, Runs: *runs, Prefill: *prefill, Rate: *rate, LatencyFor: *latencyFor,
+		Only: only, Seed: *seed, Profile: *profile, Progress: e.stderr,
+	})
+	if len(results) > 0 {
+		fmt.Fprintln(e.stdout)
+		bench.Print(e.stdout, results)
+	}
+	if err != nil {
+		return err
+	}
+	if *jsonPath != "" {
+		b, err := json.MarshalIndent(results, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(*jsonPath, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	if *svgPath != "" {
+		if err := os.MkdirAll(filepath.Dir(*svgPath), 0o755); err != nil {
+			return err
+		}
+		f, err := os.Create(*svgPath)
+		if err != nil {
+			return err
+		}
+		bench.Chart(f, results)
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
