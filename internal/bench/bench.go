@@ -86,24 +86,31 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 		}
 	}
 	b := &bencher{o: o}
+	// Each run makes and drops a schema; without autovacuum the catalogs
+	// they leave dead rows in slow every later run down.
+	vacuumCatalogs(ctx, o.DatabaseURL)
 	if slices.ContainsFunc(rows, func(r Row) bool { return r.Prefilled }) {
 		if err := b.prefill(ctx); err != nil {
 			return nil, err
 		}
 	}
-	var results []Result
-	for i, row := range rows {
-		var runs []runResult
-		for run := range o.Runs {
-			b.progress("[%d/%d] %s, run %d of %d", i+1, len(rows), row.Name, run+1, o.Runs)
+	// Runs go round the rows, so that a slow spell of the machine (a
+	// checkpoint, say) lands on every row alike rather than on one.
+	runs := make([][]runResult, len(rows))
+	for run := range o.Runs {
+		for i, row := range rows {
+			b.progress("[run %d/%d, row %d/%d] %s", run+1, o.Runs, i+1, len(rows), row.Name)
 			r, err := b.runRow(ctx, row, run)
 			if err != nil {
-				return results, fmt.Errorf("bench: %s: %w", row.Name, err)
+				return nil, fmt.Errorf("bench: %s: %w", row.Name, err)
 			}
-			b.progress("    %.0f msg/s, %.0f µs CPU/msg, %.2f round trips/msg", r.Rate, r.CPU.Total(), r.Trips)
-			runs = append(runs, r)
+			b.progress("    %.0f msg/s, %.0f µs CPU/msg, %.3f Postgres and %.3f Redis round trips/msg", r.Rate, r.CPU.Total(), r.PGTrips, r.RedisTrips)
+			runs[i] = append(runs[i], r)
 		}
-		results = append(results, summarize(row, runs))
+	}
+	results := make([]Result, len(rows))
+	for i, row := range rows {
+		results[i] = summarize(row, runs[i])
 	}
 	ratios(results)
 	return results, nil
@@ -125,7 +132,8 @@ func (b *bencher) progress(format string, args ...any) {
 type runResult struct {
 	Rate        float64 // messages per second
 	CPU         CPU     // µs per message
-	Trips       float64 // Postgres and Redis round trips per message
+	PGTrips     float64 // Postgres round trips per message
+	RedisTrips  float64 // Redis round trips per message
 	RSS         int64   // the largest consumer peak RSS, bytes
 	Errors      int64   // requeues and dead letters
 	Breaker     int64   // breaker transitions
@@ -133,6 +141,7 @@ type runResult struct {
 	Missing     int
 	P50, P99    float64 // latency, ms (latency row)
 	BytesPerKey float64 // Redis memory per done key
+	Outcomes    map[string]int64
 }
 
 // CPU is CPU time per message, in microseconds, by tier.
@@ -205,6 +214,9 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 	}
 	defer workers.kill()
 
+	// Every run starts just after a checkpoint, so that none pays for
+	// one mid-run and each writes the same full-page images.
+	checkpoint(ctx, b.o.DatabaseURL)
 	before, err := sampleCPU(workers.pids())
 	if err != nil {
 		return runResult{}, err
@@ -241,12 +253,18 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 	}
 
 	r := runResult{RSS: rss}
-	var last int64
-	var trips int64
+	var last, pgTrips, redisTrips int64
 	var lat []int64
 	for _, s := range stats {
 		last = max(last, s.Last)
-		trips += s.PGTrips + s.RedisTrips
+		for o, n := range s.Outcomes {
+			if r.Outcomes == nil {
+				r.Outcomes = map[string]int64{}
+			}
+			r.Outcomes[o] += n
+		}
+		pgTrips += s.PGTrips
+		redisTrips += s.RedisTrips
 		r.Errors += s.Retried + s.DeadLetter
 		r.Breaker += s.Breaker
 		lat = append(lat, s.LatencyMicros...)
@@ -256,7 +274,8 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 	d := cpuDelta(before, after)
 	per := 1e6 / float64(messages)
 	r.CPU = CPU{Consumer: d[TierConsumer] * per, Postgres: d[TierPostgres] * per, RabbitMQ: d[TierRabbitMQ] * per, Redis: d[TierRedis] * per}
-	r.Trips = float64(trips) / float64(messages)
+	r.PGTrips = float64(pgTrips) / float64(messages)
+	r.RedisTrips = float64(redisTrips) / float64(messages)
 	if row.Latency {
 		r.P50, r.P99 = percentile(lat, 0.50), percentile(lat, 0.99)
 	}
@@ -380,6 +399,25 @@ func (b *bencher) prefill(ctx context.Context) error {
 	return nil
 }
 
+// vacuumCatalogs vacuums the system catalogs that making and dropping
+// schemas churns, if the user may.
+func vacuumCatalogs(ctx context.Context, dbURL string) {
+	if conn, err := pgx.Connect(ctx, dbURL); err == nil {
+		_, _ = conn.Exec(ctx, `VACUUM pg_catalog.pg_attribute, pg_catalog.pg_depend, pg_catalog.pg_class,
+			pg_catalog.pg_index, pg_catalog.pg_type, pg_catalog.pg_constraint, pg_catalog.pg_namespace,
+			pg_catalog.pg_attrdef, pg_catalog.pg_sequence`)
+		conn.Close(ctx)
+	}
+}
+
+// checkpoint runs CHECKPOINT, if the user may.
+func checkpoint(ctx context.Context, dbURL string) {
+	if conn, err := pgx.Connect(ctx, dbURL); err == nil {
+		_, _ = conn.Exec(ctx, "CHECKPOINT")
+		conn.Close(ctx)
+	}
+}
+
 func createSchema(ctx context.Context, dbURL, schema string) error {
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
@@ -447,17 +485,14 @@ func deleteKeys(rdb *redis.Client, prefix string) {
 
 // bytesPerKey is the median MEMORY USAGE of up to 200 of the row's keys.
 func bytesPerKey(ctx context.Context, rdb *redis.Client, prefix string) float64 {
-	keys, _, err := rdb.Scan(ctx, 0, prefix+":*", 400).Result()
-	if err != nil {
-		return 0
-	}
 	var sizes []int64
-	for _, k := range keys[:min(len(keys), 200)] {
-		if n, err := rdb.MemoryUsage(ctx, k).Result(); err == nil {
-			sizes = append(sizes, n)
+	iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+	for len(sizes) < 200 && iter.Next(ctx) {
+		if n, err := rdb.MemoryUsage(ctx, iter.Val()).Result(); err == nil {
+			sizes = append(sizes, n*1000) // percentile divides by 1000
 		}
 	}
-	return float64(percentile(sizes, 0.5))
+	return percentile(sizes, 0.5)
 }
 
 func percentile(v []int64, p float64) float64 {

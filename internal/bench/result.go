@@ -19,8 +19,9 @@ type Result struct {
 	Ratio float64 `json:"ratio"`
 	// CPU is CPU time per message by tier, in microseconds.
 	CPU CPU `json:"cpuMicros"`
-	// Trips is Postgres and Redis round trips per message.
-	Trips float64 `json:"tripsPerMessage"`
+	// PGTrips and RedisTrips are round trips per message.
+	PGTrips    float64 `json:"postgresTripsPerMessage"`
+	RedisTrips float64 `json:"redisTripsPerMessage"`
 	// RSSMB is the largest consumer peak RSS of any run, in MiB.
 	RSSMB float64 `json:"rssMiB"`
 	// Errors is requeues and dead letters, and Breaker the breaker's
@@ -33,6 +34,8 @@ type Result struct {
 	// P50 and P99 are publish-to-ack latencies in ms (latency row).
 	P50 float64 `json:"p50ms,omitempty"`
 	P99 float64 `json:"p99ms,omitempty"`
+	// Outcomes counts deliveries by outcome, over all runs.
+	Outcomes map[string]int64 `json:"outcomes,omitempty"`
 	// BytesPerKey is Redis memory per done key.
 	BytesPerKey float64 `json:"redisBytesPerKey,omitempty"`
 }
@@ -66,6 +69,12 @@ func summarize(row Row, runs []runResult) Result {
 		res.Breaker += r.Breaker
 		res.Doubled += r.Doubled
 		res.Missing += r.Missing
+		for o, n := range r.Outcomes {
+			if res.Outcomes == nil {
+				res.Outcomes = map[string]int64{}
+			}
+			res.Outcomes[o] += n
+		}
 	}
 	res.Rate = median(res.RateRuns)
 	res.CPU = CPU{
@@ -74,7 +83,8 @@ func summarize(row Row, runs []runResult) Result {
 		RabbitMQ: medianOf(runs, func(r runResult) float64 { return r.CPU.RabbitMQ }),
 		Redis:    medianOf(runs, func(r runResult) float64 { return r.CPU.Redis }),
 	}
-	res.Trips = medianOf(runs, func(r runResult) float64 { return r.Trips })
+	res.PGTrips = medianOf(runs, func(r runResult) float64 { return r.PGTrips })
+	res.RedisTrips = medianOf(runs, func(r runResult) float64 { return r.RedisTrips })
 	res.P50 = medianOf(runs, func(r runResult) float64 { return r.P50 })
 	res.P99 = medianOf(runs, func(r runResult) float64 { return r.P99 })
 	res.BytesPerKey = medianOf(runs, func(r runResult) float64 { return r.BytesPerKey })
@@ -105,8 +115,8 @@ func Find(results []Result, name string) (Result, bool) {
 
 // Print writes the results as a Markdown table.
 func Print(w io.Writer, results []Result) {
-	fmt.Fprintln(w, "| row | msg/s | × baseline | CPU µs/msg: consumer | Postgres | RabbitMQ | Redis | total | round trips/msg | peak RSS MiB | errors | breaker | doubled | missing |")
-	fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| row | msg/s | × baseline | CPU µs/msg: consumer | Postgres | RabbitMQ | Redis | total | round trips/msg: Postgres | Redis | peak RSS MiB | errors | breaker | doubled | missing |")
+	fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range results {
 		ratio := "–"
 		if r.Row.Baseline != r.Row.Name && r.Ratio > 0 {
@@ -116,9 +126,9 @@ func Print(w io.Writer, results []Result) {
 		if r.Row.Latency {
 			rate = fmt.Sprintf("%.0f offered; p50 %.1f ms, p99 %.1f ms", r.Rate, r.P50, r.P99)
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.0f | %d | %d | %d | %d |\n",
+		fmt.Fprintf(w, "| %s | %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.3f | %.3f | %.0f | %d | %d | %d | %d |\n",
 			r.Row.Name, rate, ratio, r.CPU.Consumer, r.CPU.Postgres, r.CPU.RabbitMQ, r.CPU.Redis, r.CPU.Total(),
-			r.Trips, r.RSSMB, r.Errors, r.Breaker, r.Doubled, r.Missing)
+			r.PGTrips, r.RedisTrips, r.RSSMB, r.Errors, r.Breaker, r.Doubled, r.Missing)
 	}
 	for _, r := range results {
 		if r.BytesPerKey > 0 {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"runtime/pprof"
 	"slices"
@@ -33,6 +34,8 @@ type WorkerStats struct {
 	RedisTrips int64 `json:"redisTrips"`
 	Breaker    int64 `json:"breakerTransitions"`
 	Last       int64 `json:"last"` // unix nanoseconds of the last settlement
+	// Outcomes counts settlements by outcome.
+	Outcomes map[string]int64 `json:"outcomes,omitempty"`
 	// LatencyMicros holds publish-to-ack latencies of stamped messages, in
 	// microseconds; only in the final report.
 	LatencyMicros []int64 `json:"latencyMicros,omitempty"`
@@ -45,6 +48,7 @@ type Recorder struct {
 
 	mu        sync.Mutex
 	latencies []int64
+	outcomes  map[string]int64
 }
 
 // Settled records one delivery's outcome; headers are its AMQP headers.
@@ -60,10 +64,14 @@ func (r *Recorder) Settled(headers amqp.Table, o guard.Outcome) {
 		r.settled.Add(1)
 	}
 	r.last.Store(now.UnixNano())
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.outcomes == nil {
+		r.outcomes = map[string]int64{}
+	}
+	r.outcomes[o.String()]++
 	if sent, ok := headers[loadgen.HeaderSentAt].(int64); ok {
-		r.mu.Lock()
 		r.latencies = append(r.latencies, now.Sub(time.Unix(0, sent)).Microseconds())
-		r.mu.Unlock()
 	}
 }
 
@@ -81,11 +89,12 @@ func (r *Recorder) AddBreaker(snapshot map[string]int64) {
 func (r *Recorder) Snapshot(final bool) WorkerStats {
 	s := WorkerStats{Settled: r.settled.Load(), Retried: r.retried.Load(), DeadLetter: r.dead.Load(),
 		PGTrips: r.pg.Load(), RedisTrips: r.redis.Load(), Breaker: r.breaker.Load(), Last: r.last.Load()}
+	r.mu.Lock()
+	s.Outcomes = maps.Clone(r.outcomes)
 	if final {
-		r.mu.Lock()
 		s.LatencyMicros = slices.Clone(r.latencies)
-		r.mu.Unlock()
 	}
+	r.mu.Unlock()
 	return s
 }
 

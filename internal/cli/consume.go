@@ -201,6 +201,7 @@ func redisTierConfig(cfg config.Config, log *slog.Logger, m *telemetry.Metrics) 
 		Timeout: cfg.Redis.Timeout,
 		Breaker: redistier.BreakerConfig{
 			FailureThreshold: cfg.Redis.BreakerFailures,
+			MinOutage:        cfg.Redis.BreakerMinOutage,
 			OpenTimeout:      cfg.Redis.BreakerOpenTimeout,
 			HalfOpenRequests: cfg.Redis.BreakerHalfOpenRequests,
 			OnStateChange: func(from, to string) {

@@ -50,16 +50,17 @@ type Config struct {
 
 // Consumer tunes the RabbitMQ consumer runtime.
 type Consumer struct {
-	// Prefetch is the most unacked deliveries per process. Defaults to 256.
+	// Prefetch is the most unacked deliveries per process. Defaults to 1024.
 	Prefetch int `yaml:"prefetch"`
 	// Workers is batches (with batch_size 1, deliveries) handled at once
-	// per process. Defaults to 4.
+	// per process. Defaults to 2.
 	Workers int `yaml:"workers"`
 	// BatchSize is the most deliveries handled in one transaction; 1
-	// handles each on its own. At most prefetch. Defaults to 64.
+	// handles each on its own. Capped at prefetch. Defaults to 256.
 	BatchSize int `yaml:"batch_size"`
 	// BatchLinger is how long a batch that is not full waits for more
-	// deliveries; it bounds the latency batching adds. Defaults to 5ms.
+	// deliveries while no other batch is in flight (three times as long
+	// while one is); it bounds the latency batching adds. Defaults to 5ms.
 	BatchLinger time.Duration `yaml:"batch_linger"`
 	// DeliveryLimit is attempts for a failing handler before the message is
 	// dead-lettered. Defaults to 5.
@@ -112,6 +113,10 @@ type Redis struct {
 	// BreakerFailures is consecutive failures that open the breaker.
 	// Defaults to 5.
 	BreakerFailures uint32 `yaml:"breaker_failures"`
+	// BreakerMinOutage is how long calls must keep failing before the
+	// breaker opens, so that a busy machine missing a few deadlines does
+	// not open it. Defaults to 250ms.
+	BreakerMinOutage time.Duration `yaml:"breaker_min_outage"`
 	// BreakerOpenTimeout is how long the breaker stays open before probing.
 	// Defaults to 5s.
 	BreakerOpenTimeout time.Duration `yaml:"breaker_open_timeout"`
@@ -140,9 +145,9 @@ func Default() Config {
 		Scope:       DefaultScope,
 		LogLevel:    "info",
 		Consumer: Consumer{
-			Prefetch:            256,
-			Workers:             4,
-			BatchSize:           64,
+			Prefetch:            1024,
+			Workers:             2,
+			BatchSize:           256,
 			BatchLinger:         5 * time.Millisecond,
 			DeliveryLimit:       5,
 			BrokerDeliveryLimit: 20,
@@ -162,6 +167,7 @@ func Default() Config {
 			DoneTTL:                 24 * time.Hour,
 			Timeout:                 50 * time.Millisecond,
 			BreakerFailures:         5,
+			BreakerMinOutage:        250 * time.Millisecond,
 			BreakerOpenTimeout:      5 * time.Second,
 			BreakerHalfOpenRequests: 1,
 		},

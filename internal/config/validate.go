@@ -85,6 +85,7 @@ func (c Config) Validate() error {
 		{"redis.done_ttl", c.Redis.DoneTTL, time.Second, 10 * 365 * day},
 		{"redis.timeout", c.Redis.Timeout, time.Millisecond, 10 * time.Second},
 		{"redis.breaker_open_timeout", c.Redis.BreakerOpenTimeout, 100 * time.Millisecond, 10 * time.Minute},
+		{"redis.breaker_min_outage", c.Redis.BreakerMinOutage, time.Millisecond, time.Minute},
 	}
 	for _, r := range durations {
 		if r.v < r.lo || r.v > r.hi {

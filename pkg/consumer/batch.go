@@ -25,22 +25,39 @@ type BatchHandler[T any] interface {
 	ApplyBatch(ctx context.Context, tx pgx.Tx, vs []T) error
 }
 
+// busyLinger is how many BatchLingers a batch that is not full may wait while
+// another batch is in flight. A worker that is free while the other works
+// would otherwise take small batches; waiting lets it take fuller ones, and
+// the wait is bounded.
+const busyLinger = 3
+
 // gather reads deliveries, registers each with the acker in the broker's
-// order, and hands them to the workers in batches: a batch goes as soon as it
-// is full, or once its first delivery has waited Config.BatchLinger and a
-// worker is free. With BatchSize 1 every delivery goes on its own.
-func (w *worker[T]) gather(deliveries <-chan amqp.Delivery, batches chan<- []amqp.Delivery) {
+// order, and hands them to the workers in batches. A batch goes as soon as it
+// is full; one that is not full goes once its first delivery has waited
+// Config.BatchLinger with no batch in flight, or busyLinger times that while
+// others are, and a worker is free. With BatchSize 1 every delivery goes on
+// its own. done receives one value per batch a worker finished.
+func (w *worker[T]) gather(deliveries <-chan amqp.Delivery, batches chan<- []amqp.Delivery, done <-chan struct{}) {
 	defer close(batches)
 	size, linger := w.c.cfg.BatchSize, w.c.cfg.BatchLinger
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	var cur []amqp.Delivery
-	lingered := false
+	var first time.Time // when cur's first delivery arrived
+	inFlight := 0
 	in := deliveries
 	for {
 		var out chan<- []amqp.Delivery
-		if len(cur) > 0 && (len(cur) >= size || lingered) {
-			out = batches
+		if n := len(cur); n > 0 {
+			waited := time.Since(first)
+			switch {
+			case n >= size, inFlight == 0 && waited >= linger, waited >= busyLinger*linger:
+				out = batches
+			case inFlight == 0:
+				timer.Reset(linger - waited)
+			default:
+				timer.Reset(busyLinger*linger - waited)
+			}
 		}
 		read := in
 		if len(cur) >= size {
@@ -55,30 +72,19 @@ func (w *worker[T]) gather(deliveries <-chan amqp.Delivery, batches chan<- []amq
 				return
 			}
 			w.acker.register(d.DeliveryTag)
-			cur = append(cur, d)
-			if len(cur) == 1 && size > 1 {
-				timer.Reset(linger)
+			if len(cur) == 0 {
+				first = time.Now()
 			}
+			cur = append(cur, d)
 		case out <- cur:
 			cur = nil
-			lingered = false
+			inFlight++
 			timer.Stop()
+		case <-done:
+			inFlight--
 		case <-timer.C:
-			lingered = true
 		}
 	}
-}
-
-// handleDeliveries decodes a batch of deliveries, dead-letters those that
-// cannot be processed and takes the rest to their outcomes.
-func (w *worker[T]) handleDeliveries(ctx context.Context, ds []amqp.Delivery) {
-	items := make([]item[T], 0, len(ds))
-	for _, d := range ds {
-		if it, ok := w.prepare(ctx, d); ok {
-			items = append(items, it)
-		}
-	}
-	w.handleBatch(ctx, items)
 }
 
 // handleBatch takes items to durable outcomes through one transaction and
@@ -162,13 +168,20 @@ func (w *worker[T]) applyBatch(items []item[T]) guard.BatchApplyFunc {
 	}
 }
 
-// settle acks a processed batch, and dead-letters its payload conflicts.
+// settle acks a processed batch, and dead-letters its payload conflicts. An
+// item without an outcome (which the guard never returns) goes back to the
+// queue rather than be acked.
 func (w *worker[T]) settle(ctx context.Context, items []item[T], res []guard.Result) {
 	acked := make([]item[T], 0, len(items))
 	outcomes := make([]guard.Outcome, 0, len(items))
 	for i, r := range res {
-		if r.Outcome == guard.OutcomePayloadConflict {
+		switch r.Outcome {
+		case guard.OutcomePayloadConflict:
 			w.deadLetter(ctx, items[i].d, ReasonPayloadConflict, r.Err)
+			continue
+		case guard.OutcomeUnknown:
+			w.c.cfg.Logger.Error("no outcome for a delivery of a decided batch: handing it back (a bug)", "event_id", items[i].ev.ID)
+			w.requeue(items[i].d, RequeueNoOutcome)
 			continue
 		}
 		acked = append(acked, items[i])

@@ -15,9 +15,9 @@ import (
 // Defaults for Config.
 const (
 	DefaultConnectionName      = "idem-consumer"
-	DefaultPrefetch            = 256
-	DefaultWorkers             = 4
-	DefaultBatchSize           = 64
+	DefaultPrefetch            = 1024
+	DefaultWorkers             = 2
+	DefaultBatchSize           = 256
 	DefaultBatchLinger         = 5 * time.Millisecond
 	DefaultDeliveryLimit       = 5
 	DefaultBrokerDeliveryLimit = 20
@@ -54,6 +54,9 @@ const (
 	// CounterBatchSplit counts batches split in two because their
 	// transaction failed for a reason that may be one event's.
 	CounterBatchSplit = "batch_splits"
+	// CounterDeferred counts batches that set events aside for a moment
+	// because another consumer held their lease (see Config.BatchSize).
+	CounterDeferred = "deferrals"
 )
 
 // Default backoffs for Config.
@@ -84,7 +87,9 @@ type Config struct {
 	// holds more than Prefetch deliveries. Defaults to DefaultBatchSize.
 	BatchSize int
 	// BatchLinger is how long a batch that is not full waits for more
-	// deliveries before it goes; it goes earlier when it fills. It bounds
+	// deliveries before it goes while no other batch is in flight; while
+	// one is, it waits up to three times as long, so that a free worker
+	// takes a fuller batch. A batch goes at once when it fills. It bounds
 	// the latency batching adds. Defaults to DefaultBatchLinger.
 	BatchLinger time.Duration
 	// DeliveryLimit is how many deliveries a failing handler gets before

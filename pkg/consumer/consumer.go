@@ -128,13 +128,24 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	stop, stopWaits := context.WithCancel(ctx)
 	defer stopWaits()
 	w := &worker[T]{c: c, dl: &deadLetterer{pub: pub, returns: returns}, acker: newAcker(ch), stop: stop}
+	// The pipeline: gather → screen (one goroutine: decode, Redis, ack
+	// the duplicates it settles) → decide (Workers goroutines: the
+	// Postgres transactions).
 	batches := make(chan []amqp.Delivery)
+	toDecide := make(chan screened[T])
+	// Buffered for every batch that can be in flight, so that no stage
+	// blocks telling the gatherer a batch finished, even after it returned.
+	finished := make(chan struct{}, c.cfg.Workers+3)
 	var wg sync.WaitGroup
-	wg.Go(func() { w.gather(deliveries, batches) })
+	wg.Go(func() { w.gather(deliveries, batches, finished) })
+	wg.Go(func() { w.screenStage(workCtx, batches, toDecide, finished) })
 	for range c.cfg.Workers {
 		wg.Go(func() {
-			for ds := range batches {
-				w.handleDeliveries(workCtx, ds)
+			for s := range toDecide {
+				w.decide(workCtx, s)
+				if s.gathered {
+					finished <- struct{}{}
+				}
 			}
 		})
 	}

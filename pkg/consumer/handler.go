@@ -105,6 +105,9 @@ const (
 	RequeueUnconfirmed = "dead_letter_unconfirmed"
 	// RequeueShutdown: the consumer stopped before the delivery's outcome.
 	RequeueShutdown = "shutdown"
+	// RequeueNoOutcome: the guard returned no outcome for the delivery,
+	// which it never should; it is handed back rather than acked.
+	RequeueNoOutcome = "no_outcome"
 )
 
 // RejectError marks an error as permanent: the delivery is dead-lettered with

@@ -18,6 +18,7 @@ import (
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/pgtier"
+	"github.com/idemhq/idem/pkg/guard/redistier"
 )
 
 // handlerFunc adapts two funcs to consumer.Handler[[]byte]. Decode uses the
@@ -43,13 +44,19 @@ type rig struct {
 
 func startRig(t *testing.T, h consumer.Handler[[]byte], tune func(*consumer.Config)) *rig {
 	t.Helper()
+	return startRigWith(t, h, nil, tune)
+}
+
+// startRigWith is startRig with a fast tier in front of the store.
+func startRigWith(t *testing.T, h consumer.Handler[[]byte], fast guard.FastPath, tune func(*consumer.Config)) *rig {
+	t.Helper()
 	pool, _ := testenv.Schema(t)
 	url := testenv.AMQPURL()
 	r := &rig{t: t, pool: pool, queue: testenv.Queue(t, url), stats: map[string]*atomic.Int64{}}
 	for _, o := range guard.Outcomes() {
 		r.stats[o.String()] = &atomic.Int64{}
 	}
-	g, err := guard.New(guard.Config{Scope: "svc", Store: pgtier.New(pool)})
+	g, err := guard.New(guard.Config{Scope: "svc", Store: pgtier.New(pool), Fast: fast})
 	require.NoError(t, err)
 	cfg := consumer.Config{
 		URL: url, Queue: r.queue, Workers: 2, Prefetch: 4, DeliveryLimit: 2,
@@ -220,4 +227,51 @@ func TestOneBadEventNeverSinksItsBatch(t *testing.T) {
 	require.Equal(t, 15, rows)
 	require.Equal(t, 15, distinct)
 	require.Positive(t, splits.Load())
+}
+
+// TestLeasedEventsAreDeferredNeitherDroppedNorDoubled: events whose Redis
+// lease another consumer holds are set aside and screened again, every copy
+// together; the holder here never commits (it crashed), so the second
+// screening sends them to Postgres, which processes each once.
+func TestLeasedEventsAreDeferredNeitherDroppedNorDoubled(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	fast, err := redistier.New(rdb, redistier.Config{Prefix: prefix})
+	require.NoError(t, err)
+	for i := range 10 {
+		require.NoError(t, rdb.Set(context.Background(), fast.Key("svc", fmt.Sprintf("evt_l%d", i)), "pending:ghost", time.Minute).Err())
+	}
+	var deferrals atomic.Int64
+	r := startRigWith(t, batchHandler{}, fast, func(cfg *consumer.Config) {
+		cfg.Prefetch, cfg.BatchSize, cfg.BatchLinger = 64, 16, 20*time.Millisecond
+		cfg.OnCount = func(name string) {
+			if name == consumer.CounterDeferred {
+				deferrals.Add(1)
+			}
+		}
+	})
+	// The second copies come a batch later, so that they meet the first
+	// copies' deferral.
+	for _, other := range []string{"evt_a", "evt_b"} {
+		for i := range 10 {
+			leased := fmt.Sprintf("evt_l%d", i)
+			r.publish(leased, leased)
+			r.publish(fmt.Sprintf("%s%d", other, i), fmt.Sprintf("%s%d", other, i))
+		}
+	}
+	require.Eventually(t, func() bool {
+		var n int64
+		for _, o := range guard.Outcomes() {
+			n += r.stats[o.String()].Load()
+		}
+		return n == 40
+	}, 30*time.Second, 10*time.Millisecond)
+	require.Equal(t, int64(30), r.stats["processed"].Load())
+	require.Equal(t, int64(10), r.stats["duplicate_batch"].Load()+r.stats["duplicate_postgres"].Load()+r.stats["duplicate_redis"].Load())
+	require.Zero(t, r.stats["retry"].Load())
+	var rows, distinct int
+	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT event_id) FROM payments_ledger`).Scan(&rows, &distinct))
+	require.Equal(t, 30, rows)
+	require.Equal(t, 30, distinct)
+	require.Positive(t, deferrals.Load())
 }

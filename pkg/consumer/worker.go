@@ -41,6 +41,9 @@ type item[T any] struct {
 	d  amqp.Delivery
 	ev guard.Event
 	v  T
+	// deferred: the item was set aside once because another consumer held
+	// its lease; the next screening sends it to the store whatever it finds.
+	deferred bool
 }
 
 // deadLetterer publishes dead letters on a confirm-mode channel, one at a

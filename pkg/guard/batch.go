@@ -28,7 +28,7 @@ type BatchApplyFunc func(ctx context.Context, tx pgx.Tx, claimed []int) error
 // events the fast tier did not settle (in event ID order, so that two batches
 // never deadlock on each other's rows), runs apply once for the new ones,
 // and commits. Done markers are written after the commit, off the caller's
-// path.
+// path. It is Screen followed by Decide.
 //
 // On success every event has its Result. Two copies of one ID in the batch
 // are one event: the later copy is OutcomeDuplicateBatch once the first
@@ -38,84 +38,144 @@ type BatchApplyFunc func(ctx context.Context, tx pgx.Tx, claimed []int) error
 // whole or split, is safe and decides it. A *HandlerError says apply failed
 // for the batch as a whole; split the batch to find the event that fails.
 func (g *Guard) ProcessBatch(ctx context.Context, events []Event, apply BatchApplyFunc) ([]Result, error) {
+	b, err := g.Screen(ctx, events)
+	if err != nil {
+		return nil, err
+	}
+	return g.Decide(ctx, b, apply)
+}
+
+// Batch is a batch of events the fast tier has screened: ProcessBatch
+// between its two halves.
+type Batch struct {
+	events  []Event
+	first   []int // first[i]: the index of the first copy of events[i]'s ID
+	res     []Result
+	toStore []int         // events the fast tier did not settle
+	leases  map[int]Lease // the leases Screen took, by event index
+	leased  []int         // events another holder had a lease on
+}
+
+// Leased returns the indexes of the events whose ID another consumer holds a
+// lease on: it is most likely processing them right now. Decide sends them
+// to the store, where their claim waits for that consumer's transaction; a
+// caller may Defer them instead and screen them again a moment later, when
+// the fast tier will likely know them as done.
+func (b *Batch) Leased() []int { return b.leased }
+
+// Defer takes the events at idx out of the batch, with every copy of their
+// IDs: Decide leaves them without a Result, and the caller must screen them
+// again (in a later batch) to reach their outcome. Only events Leased
+// reports may be deferred: Screen took no lease on them.
+func (b *Batch) Defer(idx []int) {
+	out := map[string]bool{}
+	for _, i := range idx {
+		out[b.events[i].ID] = true
+	}
+	b.toStore = slices.DeleteFunc(b.toStore, func(i int) bool { return out[b.events[i].ID] })
+	b.leased = slices.DeleteFunc(b.leased, func(i int) bool { return out[b.events[i].ID] })
+}
+
+// Screened returns the indexes of the events the fast tier settled as
+// duplicates (OutcomeDuplicateRedis). Their outcome is final and durable:
+// they may be acked at once, before Decide.
+func (b *Batch) Screened() []int {
+	var out []int
+	for i, r := range b.res {
+		if r.Outcome == OutcomeDuplicateRedis {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// Screen is ProcessBatch's first half: it validates events and asks the fast
+// tier about each distinct ID, in one pipeline, taking a lease on the new
+// ones. Call Decide next, always: it releases the leases when it fails.
+func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 	for _, ev := range events {
 		if err := ev.Validate(); err != nil {
 			return nil, err
 		}
 	}
-	res := make([]Result, len(events))
-	// first[i] is the index of the first copy of events[i]'s ID.
-	first := make([]int, len(events))
+	b := &Batch{events: events, first: make([]int, len(events)), res: make([]Result, len(events)), leases: map[int]Lease{}}
 	seen := make(map[string]int, len(events))
 	for i, ev := range events {
 		j, ok := seen[ev.ID]
 		if !ok {
 			seen[ev.ID], j = i, i
 		}
-		first[i] = j
+		b.first[i] = j
 	}
-
-	toStore := make([]int, 0, len(events))
-	leases := map[int]Lease{} // by event index
 	if g.fast == nil {
+		b.toStore = make([]int, len(events))
 		for i := range events {
-			toStore = append(toStore, i)
+			b.toStore[i] = i
 		}
-	} else {
-		var uniq []int
-		var fastEvents []Event
-		for i, ev := range events {
-			if first[i] == i {
-				uniq = append(uniq, i)
-				fastEvents = append(fastEvents, ev)
-			}
-		}
-		answers := g.fast.Claim(ctx, g.scope, fastEvents)
-		byIndex := make(map[int]FastResult, len(uniq))
-		for k, i := range uniq {
-			a := answers[k]
-			byIndex[i] = a
-			switch {
-			case a.State == FastAcquired:
-				leases[i] = Lease{ID: events[i].ID, Token: a.Token}
-			case a.State == FastSkipped && a.Err != nil && k == 0:
-				g.log.DebugContext(ctx, "fast tier skipped", "event_id", events[i].ID, "events", len(uniq), "err", a.Err)
-			}
-			g.hook(ctx, StepFastClaimed)
-		}
-		for i, ev := range events {
-			a := byIndex[first[i]]
-			if a.State == FastDone && bytes.Equal(a.Hash, ev.Hash) {
-				res[i] = Result{Outcome: OutcomeDuplicateRedis}
-				continue
-			}
-			// Not known to be done (a pending lease never drops an event,
-			// ours or another's), or done with another payload: the
-			// store holds the hash of record and decides.
-			toStore = append(toStore, i)
+		return b, nil
+	}
+	var uniq []int
+	var fastEvents []Event
+	for i, ev := range events {
+		if b.first[i] == i {
+			uniq = append(uniq, i)
+			fastEvents = append(fastEvents, ev)
 		}
 	}
-	if len(toStore) == 0 {
-		return res, nil
+	answers := g.fast.Claim(ctx, g.scope, fastEvents)
+	byIndex := make(map[int]FastResult, len(uniq))
+	for k, i := range uniq {
+		a := answers[k]
+		byIndex[i] = a
+		switch {
+		case a.State == FastAcquired:
+			b.leases[i] = Lease{ID: events[i].ID, Token: a.Token}
+		case a.State == FastSkipped && a.Err != nil && k == 0:
+			g.log.DebugContext(ctx, "fast tier skipped", "event_id", events[i].ID, "events", len(uniq), "err", a.Err)
+		}
+		g.hook(ctx, StepFastClaimed)
 	}
+	for i, ev := range events {
+		a := byIndex[b.first[i]]
+		if a.State == FastDone && bytes.Equal(a.Hash, ev.Hash) {
+			b.res[i] = Result{Outcome: OutcomeDuplicateRedis}
+			continue
+		}
+		if a.State == FastPending {
+			b.leased = append(b.leased, i)
+		}
+		// Not known to be done (a pending lease never drops an event,
+		// ours or another's), or done with another payload: the
+		// store holds the hash of record and decides.
+		b.toStore = append(b.toStore, i)
+	}
+	return b, nil
+}
 
-	if err := g.processInStore(ctx, events, toStore, first, res, apply); err != nil {
-		g.release(ctx, leaseList(leases))
+// Decide is ProcessBatch's second half: one transaction for the events
+// Screen did not settle and the caller did not Defer. Its results and errors
+// are ProcessBatch's; a deferred event's Result is the zero Result.
+func (g *Guard) Decide(ctx context.Context, b *Batch, apply BatchApplyFunc) ([]Result, error) {
+	if len(b.toStore) == 0 {
+		return b.res, nil
+	}
+	if err := g.processInStore(ctx, b.events, b.toStore, b.first, b.res, apply); err != nil {
+		g.release(ctx, leaseList(b.leases))
 		return nil, err
 	}
 	var release []Lease
 	var done []Event
-	for _, i := range toStore {
-		if first[i] != i {
+	for _, i := range b.toStore {
+		if b.first[i] != i {
 			continue
 		}
-		switch res[i].Outcome {
+		switch b.res[i].Outcome {
 		case OutcomeProcessed, OutcomeDuplicatePostgres:
 			// The row is committed, by us or before us: done is now true.
 			// The marker replaces our lease, if we hold one.
-			done = append(done, events[i])
+			done = append(done, b.events[i])
 		default:
-			if l, ok := leases[i]; ok {
+			if l, ok := b.leases[i]; ok {
 				release = append(release, l)
 			}
 		}
@@ -124,7 +184,7 @@ func (g *Guard) ProcessBatch(ctx context.Context, events []Event, apply BatchApp
 	if g.fast != nil && len(done) > 0 {
 		g.markers.add(done)
 	}
-	return res, nil
+	return b.res, nil
 }
 
 // processInStore is steps 3 to 5 for the events at idx: claim their dedup

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -12,6 +13,7 @@ import (
 // Defaults for BreakerConfig.
 const (
 	DefaultFailureThreshold = 5
+	DefaultMinOutage        = 250 * time.Millisecond
 	DefaultOpenTimeout      = 5 * time.Second
 	DefaultHalfOpenRequests = 1
 )
@@ -19,8 +21,15 @@ const (
 // BreakerConfig configures the circuit breaker that routes around Redis.
 type BreakerConfig struct {
 	// FailureThreshold is the number of consecutive failed calls that open
-	// the breaker. Defaults to DefaultFailureThreshold.
+	// the breaker, once they have gone on for MinOutage. Defaults to
+	// DefaultFailureThreshold.
 	FailureThreshold uint32
+	// MinOutage is how long calls must have kept failing before the breaker
+	// opens. A Redis that is down or stopped fails every call, and opens
+	// the breaker after MinOutage; a machine so busy that a few calls in a
+	// row miss their deadline, while Redis itself is fine, does not.
+	// Defaults to DefaultMinOutage.
+	MinOutage time.Duration
 	// OpenTimeout is how long the breaker stays open before letting probe
 	// calls through. Defaults to DefaultOpenTimeout.
 	OpenTimeout time.Duration
@@ -36,6 +45,9 @@ func (c *BreakerConfig) setDefaults() {
 	if c.FailureThreshold == 0 {
 		c.FailureThreshold = DefaultFailureThreshold
 	}
+	if c.MinOutage == 0 {
+		c.MinOutage = DefaultMinOutage
+	}
 	if c.OpenTimeout == 0 {
 		c.OpenTimeout = DefaultOpenTimeout
 	}
@@ -48,6 +60,9 @@ func (c *BreakerConfig) validate() error {
 	if c.OpenTimeout < time.Millisecond {
 		return fmt.Errorf("redistier: Breaker.OpenTimeout must be at least 1ms, got %s", c.OpenTimeout)
 	}
+	if c.MinOutage < 0 {
+		return fmt.Errorf("redistier: Breaker.MinOutage must not be negative, got %s", c.MinOutage)
+	}
 	return nil
 }
 
@@ -55,14 +70,33 @@ func (c *BreakerConfig) validate() error {
 // It says nothing about Redis, so the breaker neither counts it nor trips on it.
 var errCallerGone = errors.New("caller context done")
 
-func newBreaker(c BreakerConfig) *gobreaker.CircuitBreaker[struct{}] {
+// streak records since when calls have kept failing.
+type streak struct {
+	since atomic.Int64 // unix nanoseconds of the first failure of the current run; 0 after a success
+}
+
+func (s *streak) record(err error) {
+	if err == nil {
+		s.since.Store(0)
+		return
+	}
+	s.since.CompareAndSwap(0, time.Now().UnixNano())
+}
+
+// lasted reports whether the current run of failures has lasted d.
+func (s *streak) lasted(d time.Duration) bool {
+	since := s.since.Load()
+	return since != 0 && time.Since(time.Unix(0, since)) >= d
+}
+
+func newBreaker(c BreakerConfig, failing *streak) *gobreaker.CircuitBreaker[struct{}] {
 	threshold := c.FailureThreshold
 	return gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        "redis",
 		MaxRequests: c.HalfOpenRequests,
 		Timeout:     c.OpenTimeout,
 		ReadyToTrip: func(counts gobreaker.Counts) bool {
-			return counts.ConsecutiveFailures >= threshold
+			return counts.ConsecutiveFailures >= threshold && failing.lasted(c.MinOutage)
 		},
 		IsExcluded: func(err error) bool { return errors.Is(err, errCallerGone) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
@@ -83,6 +117,7 @@ func (f *Filter) call(ctx context.Context, fn func(ctx context.Context) error) e
 		if err != nil && callerGone(ctx) {
 			return struct{}{}, fmt.Errorf("%w: %w", errCallerGone, err)
 		}
+		f.failing.record(err)
 		return struct{}{}, err
 	})
 	return err

@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -82,6 +84,7 @@ type Filter struct {
 	rdb     redis.UniversalClient
 	cfg     Config
 	breaker *gobreaker.CircuitBreaker[struct{}]
+	failing *streak
 }
 
 var _ guard.FastPath = (*Filter)(nil)
@@ -100,7 +103,9 @@ func New(rdb redis.UniversalClient, cfg Config) (*Filter, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Filter{rdb: rdb, cfg: cfg, breaker: newBreaker(cfg.Breaker)}, nil
+	f := &Filter{rdb: rdb, cfg: cfg, failing: &streak{}}
+	f.breaker = newBreaker(cfg.Breaker, f.failing)
+	return f, nil
 }
 
 // BreakerState reports the circuit breaker's state: "closed", "half-open" or "open".
@@ -113,19 +118,17 @@ func (f *Filter) Key(scope, id string) string {
 }
 
 // Claim runs SET key pending:<token> NX PX <lease> GET for every event in one
-// pipeline.
+// pipeline. The leases of one call share a token: they have one holder.
 func (f *Filter) Claim(ctx context.Context, scope string, events []guard.Event) []guard.FastResult {
 	out := make([]guard.FastResult, len(events))
-	tokens := make([]string, len(events))
-	for i := range events {
-		tokens[i] = newToken()
-	}
+	token := newToken()
+	value := pendingPrefix + token
+	lease := strconv.FormatInt(f.cfg.Lease.Milliseconds(), 10)
 	err := f.call(ctx, func(ctx context.Context) error {
 		cmds := make([]*redis.Cmd, len(events))
 		_, err := f.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, ev := range events {
-				cmds[i] = p.Do(ctx, "SET", f.Key(scope, ev.ID), pendingPrefix+tokens[i],
-					"PX", f.cfg.Lease.Milliseconds(), "NX", "GET")
+				cmds[i] = p.Do(ctx, "SET", f.Key(scope, ev.ID), value, "PX", lease, "NX", "GET")
 			}
 			return nil
 		})
@@ -133,7 +136,7 @@ func (f *Filter) Claim(ctx context.Context, scope string, events []guard.Event) 
 			return err
 		}
 		for i, cmd := range cmds {
-			out[i] = parseClaim(cmd, tokens[i])
+			out[i] = parseClaim(cmd, token)
 		}
 		return nil
 	})
@@ -211,8 +214,19 @@ func (f *Filter) Release(ctx context.Context, scope string, leases []guard.Lease
 	return nil
 }
 
+// tokens makes lease tokens unique across processes and calls: a random
+// prefix drawn once per process, and a counter.
+var tokens = struct {
+	prefix string
+	n      atomic.Uint64
+}{prefix: randomHex(12)}
+
 func newToken() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux
-	return hex.EncodeToString(b[:])
+	return tokens.prefix + strconv.FormatUint(tokens.n.Add(1), 36)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
+	return hex.EncodeToString(b)
 }

@@ -100,6 +100,7 @@ func TestErrorsSkipAndOpenTheBreaker(t *testing.T) {
 	var transitions []string
 	f := newFilter(t, rdb, redistier.Config{Breaker: redistier.BreakerConfig{
 		FailureThreshold: 3,
+		MinOutage:        time.Nanosecond, // trip on the count alone
 		OpenTimeout:      time.Hour,
 		OnStateChange: func(from, to string) {
 			mu.Lock()

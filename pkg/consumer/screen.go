@@ -1,0 +1,178 @@
+package consumer
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemhq/idem/pkg/guard"
+)
+
+// screened is a batch after the fast tier.
+type screened[T any] struct {
+	items []item[T]
+	// batch is the guard's batch; nil in per-event mode, where handleOne
+	// runs both tiers.
+	batch *guard.Batch
+	// deferred marks items taken out of the batch, to be screened again.
+	deferred map[int]bool
+	// done: nothing is left to decide (every item was a duplicate the fast
+	// tier settled, acked already, or was deferred).
+	done bool
+	// gathered: the batch stands for one the gatherer handed out, which
+	// must be reported finished.
+	gathered bool
+}
+
+// screenStage is the pipeline's middle stage: it decodes each gathered batch,
+// runs the guard's fast tier over it (one Redis round trip, overlapping the
+// Postgres transactions of the batches before it) and hands what is left to
+// the deciders. An event another consumer holds the lease on is most likely
+// being committed right now: rather than send it to Postgres, where its claim
+// would wait on that transaction, it is deferred once, and screened again
+// with the next batch (or on its own, after deferWait), when Redis will
+// likely know it as done. It never drops it: the second time it goes to the
+// store whatever Redis says.
+func (w *worker[T]) screenStage(ctx context.Context, batches <-chan []amqp.Delivery, toDecide chan<- screened[T], finished chan<- struct{}) {
+	defer close(toDecide)
+	deferWait := busyLinger * w.c.cfg.BatchLinger
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	var carry []item[T]
+	for {
+		var ds []amqp.Delivery
+		gathered := true
+		if len(carry) > 0 {
+			timer.Reset(deferWait)
+		}
+		select {
+		case b, ok := <-batches:
+			if !ok {
+				if len(carry) > 0 {
+					s, _ := w.screen(ctx, nil, carry)
+					w.pass(s, toDecide, finished)
+				}
+				return
+			}
+			ds = b
+		case <-timer.C:
+			gathered = false // the carried items alone
+		}
+		timer.Stop()
+		s, deferred := w.screen(ctx, ds, carry)
+		s.gathered = gathered
+		carry = deferred
+		w.pass(s, toDecide, finished)
+	}
+}
+
+// pass hands s to the deciders, or reports it finished if nothing is left.
+func (w *worker[T]) pass(s screened[T], toDecide chan<- screened[T], finished chan<- struct{}) {
+	if !s.done {
+		toDecide <- s
+		return
+	}
+	if s.gathered {
+		finished <- struct{}{}
+	}
+}
+
+// screen decodes ds, dead-letters what cannot be processed and runs the fast
+// tier over the rest and over carry (items deferred before). A batch the fast
+// tier settles whole is acked here; any other is acked whole once decided, in
+// one multiple-ack, rather than split around deliveries still in progress.
+// It returns the batch to decide and the items it deferred.
+func (w *worker[T]) screen(ctx context.Context, ds []amqp.Delivery, carry []item[T]) (screened[T], []item[T]) {
+	items := append(make([]item[T], 0, len(carry)+len(ds)), carry...)
+	for _, d := range ds {
+		if it, ok := w.prepare(ctx, d); ok {
+			items = append(items, it)
+		}
+	}
+	switch {
+	case len(items) == 0:
+		return screened[T]{done: true}, nil
+	case w.c.cfg.BatchSize == 1 || len(items) == 1:
+		return screened[T]{items: items}, nil
+	}
+	events := make([]guard.Event, len(items))
+	for i, it := range items {
+		events[i] = it.ev
+	}
+	b, err := w.c.guard.Screen(ctx, events)
+	if err != nil {
+		// Not reached: prepare validated every event. handleBatch decides.
+		return screened[T]{items: items}, nil
+	}
+	s := screened[T]{items: items, batch: b, deferred: map[int]bool{}}
+	// Defer by ID, every copy together, and each ID at most once: if any
+	// copy was deferred before, they all go to the store now.
+	byID := map[string][]int{}
+	for _, i := range b.Leased() {
+		byID[items[i].ev.ID] = append(byID[items[i].ev.ID], i)
+	}
+	var later []int
+	var deferred []item[T]
+	for _, group := range byID {
+		if slices.ContainsFunc(group, func(i int) bool { return items[i].deferred }) {
+			continue
+		}
+		for _, i := range group {
+			later = append(later, i)
+			s.deferred[i] = true
+			it := items[i]
+			it.deferred = true
+			deferred = append(deferred, it)
+		}
+	}
+	if len(later) > 0 {
+		b.Defer(later)
+		w.c.cfg.OnCount(CounterDeferred)
+	}
+	if len(b.Screened())+len(s.deferred) < len(items) {
+		return s, deferred
+	}
+	// Nothing to decide: ack the duplicates now.
+	var dups []item[T]
+	for _, i := range b.Screened() {
+		dups = append(dups, items[i])
+	}
+	outcomes := make([]guard.Outcome, len(dups))
+	for i := range outcomes {
+		outcomes[i] = guard.OutcomeDuplicateRedis
+	}
+	w.ack(ctx, dups, outcomes)
+	return screened[T]{done: true}, deferred
+}
+
+// decide takes a screened batch to durable outcomes and acks it.
+func (w *worker[T]) decide(ctx context.Context, s screened[T]) {
+	if s.batch == nil {
+		w.handleBatch(ctx, s.items)
+		return
+	}
+	actx, cancel := context.WithTimeout(ctx, w.c.cfg.HandlerTimeout)
+	res, err := w.c.guard.Decide(actx, s.batch, w.applyBatch(s.items))
+	cancel()
+	items := make([]item[T], 0, len(s.items))
+	var outcomes []guard.Result
+	for i, it := range s.items {
+		if s.deferred[i] {
+			continue
+		}
+		items = append(items, it)
+		if err == nil {
+			outcomes = append(outcomes, res[i])
+		}
+	}
+	if err == nil {
+		w.settle(ctx, items, outcomes)
+		return
+	}
+	// Nothing committed and the leases are released: take the batch
+	// through the full path, which retries, holds or splits as the error
+	// asks. The duplicates the fast tier found are found again.
+	w.handleBatch(ctx, items)
+}
