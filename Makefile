@@ -31,10 +31,9 @@ chaos: services build
 lab: services build
 	./bin/idem lab --events 10000 --json lab.json
 
-## bench: one event through the guard, two tiers against the Postgres-only baseline (median of 6 runs)
-bench: services
-	$(GO) test -run '^$$' -bench Process -count 6 -benchtime 2000x ./pkg/guard/ | tee /tmp/idem-bench.txt
-	$(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da /tmp/idem-bench.txt
+## bench: every consumer configuration against a raw consume+ack baseline in one run (docs/performance.md)
+bench: services build
+	./bin/idem bench --json bench.json --svg docs/performance.svg $(BENCH_FLAGS)
 
 clean:
 	rm -rf bin

@@ -49,7 +49,12 @@ type Recorder struct {
 	mu        sync.Mutex
 	latencies []int64
 	outcomes  map[string]int64
+	firstSent int64 // the earliest publish time seen, unix nanoseconds
 }
+
+// warmUp is how long after the first stamped message latencies are left out:
+// connections, prepared statements and caches are being set up.
+const warmUp = time.Second
 
 // Settled records one delivery's outcome; headers are its AMQP headers.
 func (r *Recorder) Settled(headers amqp.Table, o guard.Outcome) {
@@ -71,7 +76,12 @@ func (r *Recorder) Settled(headers amqp.Table, o guard.Outcome) {
 	}
 	r.outcomes[o.String()]++
 	if sent, ok := headers[loadgen.HeaderSentAt].(int64); ok {
-		r.latencies = append(r.latencies, now.Sub(time.Unix(0, sent)).Microseconds())
+		if r.firstSent == 0 || sent < r.firstSent {
+			r.firstSent = sent
+		}
+		if time.Duration(sent-r.firstSent) >= warmUp {
+			r.latencies = append(r.latencies, now.Sub(time.Unix(0, sent)).Microseconds())
+		}
 	}
 }
 

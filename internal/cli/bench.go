@@ -34,7 +34,7 @@ runs (about a minute). Run it on an otherwise idle machine: CPU is read for
 every postgres, beam.smp and redis-server process.`)
 	events := fs.Int("events", 20000, "messages per row")
 	runs := fs.Int("runs", 3, "runs of each row; the table shows medians")
-	users := fs.Int("users", 1000, "distinct users the payments spread over")
+	users := fs.Int("users", 10000, "distinct users the payments spread over")
 	prefill := fs.Int("prefill", 10_000_000, "rows in the pre-filled dedup table")
 	rate := fs.Float64("rate", 5000, "offered rate of the latency row, messages/s")
 	latencyFor := fs.Duration("latency-for", 10*time.Second, "how long the latency row publishes")

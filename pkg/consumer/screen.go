@@ -37,7 +37,7 @@ type screened[T any] struct {
 // store whatever Redis says.
 func (w *worker[T]) screenStage(ctx context.Context, batches <-chan []amqp.Delivery, toDecide chan<- screened[T], finished chan<- struct{}) {
 	defer close(toDecide)
-	deferWait := busyLinger * w.c.cfg.BatchLinger
+	deferWait := w.c.cfg.BatchLinger
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	var carry []item[T]
