@@ -145,6 +145,7 @@ func (res *Result) Print(w io.Writer) {
 	row("applied (processed)", res.Outcomes[guard.OutcomeProcessed.String()])
 	row("duplicates dropped by Redis", res.Outcomes[guard.OutcomeDuplicateRedis.String()])
 	row("duplicates caught by Postgres", res.Outcomes[guard.OutcomeDuplicatePostgres.String()])
+	row("duplicates of an event in the same batch", res.Outcomes[guard.OutcomeDuplicateBatch.String()])
 	row("payload conflicts", res.Outcomes[guard.OutcomePayloadConflict.String()])
 	row("requeued (attempt failed, store held too long, shutdown)", res.Outcomes[guard.OutcomeRetry.String()])
 	for _, k := range slices.Sorted(maps.Keys(res.Requeued)) {

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemhq/idem/pkg/guard"
 )
@@ -23,68 +22,6 @@ type BatchHandler[T any] interface {
 	// halves, so that only the event that fails takes Apply's retry and
 	// dead-letter path.
 	ApplyBatch(ctx context.Context, tx pgx.Tx, vs []T) error
-}
-
-// busyLinger is how many BatchLingers a batch that is not full may wait while
-// another batch is in flight. A worker that is free while the other works
-// would otherwise take small batches; waiting lets it take fuller ones, and
-// the wait is bounded.
-const busyLinger = 2
-
-// gather reads deliveries, registers each with the acker in the broker's
-// order, and hands them to the workers in batches. A batch goes as soon as it
-// is full; one that is not full goes once its first delivery has waited
-// Config.BatchLinger with no batch in flight, or busyLinger times that while
-// others are, and a worker is free. With BatchSize 1 every delivery goes on
-// its own. done receives one value per batch a worker finished.
-func (w *worker[T]) gather(deliveries <-chan amqp.Delivery, batches chan<- []amqp.Delivery, done <-chan struct{}) {
-	defer close(batches)
-	size, linger := w.c.cfg.BatchSize, w.c.cfg.BatchLinger
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	var cur []amqp.Delivery
-	var first time.Time // when cur's first delivery arrived
-	inFlight := 0
-	in := deliveries
-	for {
-		var out chan<- []amqp.Delivery
-		if n := len(cur); n > 0 {
-			waited := time.Since(first)
-			switch {
-			case n >= size, inFlight == 0 && waited >= linger, waited >= busyLinger*linger:
-				out = batches
-			case inFlight == 0:
-				timer.Reset(linger - waited)
-			default:
-				timer.Reset(busyLinger*linger - waited)
-			}
-		}
-		read := in
-		if len(cur) >= size {
-			read = nil // full: wait for a worker
-		}
-		select {
-		case d, ok := <-read:
-			if !ok {
-				if len(cur) > 0 {
-					batches <- cur
-				}
-				return
-			}
-			w.acker.register(d.DeliveryTag)
-			if len(cur) == 0 {
-				first = time.Now()
-			}
-			cur = append(cur, d)
-		case out <- cur:
-			cur = nil
-			inFlight++
-			timer.Stop()
-		case <-done:
-			inFlight--
-		case <-timer.C:
-		}
-	}
 }
 
 // handleBatch takes items to durable outcomes through one transaction and
