@@ -217,6 +217,7 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 	// Every run starts just after a checkpoint, so that none pays for
 	// one mid-run and each writes the same full-page images.
 	checkpoint(ctx, b.o.DatabaseURL)
+	waitQuiet(10 * time.Second)
 	before, err := sampleCPU(workers.pids())
 	if err != nil {
 		return runResult{}, err

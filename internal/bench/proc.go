@@ -2,10 +2,12 @@ package bench
 
 import (
 	"bufio"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat: 100
@@ -122,4 +124,47 @@ func peakRSS(pid int) int64 {
 		}
 	}
 	return 0
+}
+
+// waitQuiet waits until the machine has been nearly idle (under 10% busy)
+// for 300ms, or for at most limit: a run must not start while the services
+// still work off the one before (a queue being deleted, a checkpoint's
+// writes).
+func waitQuiet(limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		busy1, total1, err1 := cpuTotals()
+		time.Sleep(300 * time.Millisecond)
+		busy2, total2, err2 := cpuTotals()
+		if err1 != nil || err2 != nil || total2 <= total1 {
+			return
+		}
+		if float64(busy2-busy1)/float64(total2-total1) < 0.10 {
+			return
+		}
+	}
+}
+
+// cpuTotals reads the machine's busy and total jiffies from /proc/stat.
+func cpuTotals() (busy, total uint64, err error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return 0, 0, errors.New("/proc/stat: no cpu line")
+	}
+	for i, s := range f[1:] {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return 0, 0, err
+		}
+		total += n
+		if i != 3 && i != 4 { // idle and iowait
+			busy += n
+		}
+	}
+	return busy, total, nil
 }

@@ -23,7 +23,7 @@ messages per second (median of --runs) and the ratio to the row's baseline,
 CPU per message of the consumer, PostgreSQL, RabbitMQ and Redis (from /proc),
 Postgres and Redis round trips per message, the consumer's peak RSS, errors,
 breaker transitions, and events doubled or missing (each idem run is
-verified). Each row gets a fresh queue, schema and Redis key prefix; a
+verified; any doubled or missing event makes the command exit 1). Each row gets a fresh queue, schema and Redis key prefix; a
 "100%" row's stream was processed once before, so every message is a
 duplicate. The rows:
 
@@ -101,6 +101,11 @@ every postgres, beam.smp and redis-server process.`)
 		bench.Chart(f, results)
 		if err := f.Close(); err != nil {
 			return err
+		}
+	}
+	for _, r := range results {
+		if r.Doubled > 0 || r.Missing > 0 {
+			return fmt.Errorf("bench: %s: %d events doubled and %d missing: the runs were not exactly-once", r.Row.Name, r.Doubled, r.Missing)
 		}
 	}
 	return nil

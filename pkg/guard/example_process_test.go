@@ -49,3 +49,50 @@ func ExampleGuard_Process() {
 		fmt.Println("retry: nothing was committed, or the commit's fate is unknown:", err)
 	}
 }
+
+// Guarding a batch: one Redis pipeline, one transaction, the effect applied
+// set-based for the new events only. (Compiled, not run: it needs the
+// services.)
+func ExampleGuard_ProcessBatch() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	g, err := guard.New(guard.Config{Scope: "billing", Store: pgtier.New(pool)})
+	if err != nil {
+		panic(err)
+	}
+	defer g.Flush(ctx) // the done markers of the last batch, if a fast tier is set
+
+	type payment struct {
+		id, user string
+		amount   int64
+	}
+	payments := []payment{{"evt_1", "user_1", 500}, {"evt_2", "user_2", 700}, {"evt_1", "user_1", 500}}
+	events := make([]guard.Event, len(payments))
+	for i, p := range payments {
+		events[i] = guard.Event{ID: p.id, Hash: guard.HashFields(p.id, p.user, fmt.Sprint(p.amount))}
+	}
+	results, err := g.ProcessBatch(ctx, events, func(ctx context.Context, tx pgx.Tx, claimed []int) error {
+		users := make([]string, len(claimed))
+		amounts := make([]int64, len(claimed))
+		for k, i := range claimed {
+			users[k], amounts[k] = payments[i].user, payments[i].amount
+		}
+		// Sum per user first: an UPDATE … FROM applies one matching row per
+		// target row, so two payments of one user would count once.
+		_, err := tx.Exec(ctx, `UPDATE account_balances AS b SET balance = b.balance + t.total
+			FROM (SELECT user_id, sum(amount)::bigint AS total FROM unnest($1::text[], $2::bigint[]) AS u(user_id, amount)
+			      GROUP BY user_id) AS t
+			WHERE b.user_id = t.user_id`, users, amounts)
+		return err
+	})
+	if err != nil {
+		fmt.Println("retry the batch, or split it to find the event that fails:", err)
+		return
+	}
+	for i, r := range results {
+		fmt.Println(payments[i].id, r.Outcome) // evt_1 processed, evt_2 processed, evt_1 duplicate_batch
+	}
+}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -90,6 +91,8 @@ func TestCommandLineContract(t *testing.T) {
 		{[]string{"config"}, nil, 0, "IDEM_REDIS_DONE_TTL"},
 		{[]string{"version"}, nil, 0, "idem github.com/idemhq/idem "},
 		{[]string{"--version"}, nil, 0, runtime.Version()},
+		{[]string{"bench", "--events", "10"}, nil, 1, "--events must be at least 100"},
+		{[]string{"bench", "--rows", "fastest"}, nil, 1, "--rows matched no row"},
 	}
 	for _, c := range cases {
 		saved := e.vars
@@ -99,6 +102,40 @@ func TestCommandLineContract(t *testing.T) {
 		require.Equal(t, c.code, exitCode(err), "idem %v: %s", c.args, out)
 		require.Contains(t, out, c.contains, "idem %v", c.args)
 	}
+}
+
+// TestBenchMeasuresAndVerifies runs `idem bench` on a few small rows: it
+// prints the table with each row's ratio to its baseline, and every idem run
+// in it was verified exactly-once.
+func TestBenchMeasuresAndVerifies(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", "")
+	path := filepath.Join(e.dir, "bench.json")
+	out, err := e.idem("bench", "--runs", "1", "--events", "400", "--json", path,
+		"--rows", "raw 25%;batched, Redis on, 25%;per-event, Redis off, 25%;batched, Redis on, 100%")
+	require.NoError(t, err, out)
+	require.Regexp(t, `\| batched, Redis on, 25% \| \d+ \| \d\.\d\d× raw 25% \|`, out)
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var results []struct {
+		Row struct {
+			Name string `json:"name"`
+		} `json:"row"`
+		Rate     float64          `json:"rate"`
+		Doubled  int              `json:"doubled"`
+		Missing  int              `json:"missing"`
+		Outcomes map[string]int64 `json:"outcomes"`
+	}
+	require.NoError(t, json.Unmarshal(b, &results))
+	require.Len(t, results, 4)
+	for _, r := range results {
+		require.Positive(t, r.Rate, r.Row.Name)
+		require.Zero(t, r.Doubled+r.Missing, r.Row.Name)
+	}
+	dups := results[3].Outcomes
+	require.Zero(t, dups["processed"], "a processed stream comes back as duplicates")
+	require.Equal(t, int64(400), dups["duplicate_redis"]+dups["duplicate_postgres"], "%v", dups)
+	require.Positive(t, dups["duplicate_redis"], "%v", dups)
 }
 
 // TestTheRepositoryStandsOnItsOwn: a licence, a changelog, a version that

@@ -45,24 +45,29 @@ func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
 // claim inserts the dedup rows and, in the same round trip, reads the hash of
 // record of each row that already existed. Rows are inserted in the order
 // given (the guard sorts them), so two claims lock shared keys in one order.
-// The lookup skips the IDs just inserted, so a batch of new events costs no
-// extra index probes; the statement snapshot cannot see a row that a
-// concurrent transaction committed while the INSERT waited on it, so such an
-// ID comes back with neither answer and resolveExisting looks it up again.
+// Each existing row is looked up by its whole primary key, one probe per ID
+// not just inserted: whatever the planner believes of the table's size (a new
+// table has no statistics, and the generic plan made then is kept), an
+// equality on every column of a unique key is an index probe, never a scan
+// of a whole scope. A batch of new events costs no probe at all. The
+// statement snapshot cannot see a row that a concurrent transaction committed
+// while the INSERT waited on it: such an ID comes back with a NULL hash, and
+// resolveExisting looks it up again in a new statement.
 const claim = `WITH ins AS (
 	INSERT INTO idem_processed (scope, event_id, payload_hash)
 	SELECT $1, id, hash FROM unnest($2::text[], $3::bytea[]) WITH ORDINALITY AS t(id, hash, n) ORDER BY n
 	ON CONFLICT DO NOTHING
 	RETURNING event_id
-), existing AS (
-	SELECT id FROM unnest($2::text[]) AS u(id) WHERE id NOT IN (SELECT event_id FROM ins)
 )
-SELECT event_id, NULL::bytea FROM ins
+SELECT event_id, NULL::bytea, true FROM ins
 UNION ALL
-SELECT p.event_id, p.payload_hash FROM existing e JOIN idem_processed p ON p.scope = $1 AND p.event_id = e.id`
+SELECT u.id, (SELECT p.payload_hash FROM idem_processed p WHERE p.scope = $1 AND p.event_id = u.id), false
+FROM unnest($2::text[]) AS u(id) WHERE u.id NOT IN (SELECT event_id FROM ins)`
 
-const lookup = `SELECT event_id, payload_hash FROM idem_processed
-WHERE scope = $1 AND event_id = ANY($2::text[])`
+// lookup reads the hash of record of each ID, by its whole primary key;
+// NULL where there is no row.
+const lookup = `SELECT u.id, (SELECT p.payload_hash FROM idem_processed p WHERE p.scope = $1 AND p.event_id = u.id)
+FROM unnest($2::text[]) AS u(id)`
 
 // Claim inserts a dedup row for each event inside tx, in the order given. An
 // event whose row already exists is ClaimDuplicate if the stored payload hash
@@ -84,10 +89,12 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, events []gua
 	stored := map[string][]byte{}
 	var id string
 	var hash []byte
-	_, err = pgx.ForEachRow(rows, []any{&id, &hash}, func() error {
-		if hash == nil {
+	var ins bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &hash, &ins}, func() error {
+		switch {
+		case ins:
 			inserted[id] = true
-		} else {
+		case hash != nil:
 			stored[id] = bytes.Clone(hash)
 		}
 		return nil
@@ -139,7 +146,9 @@ func (s *Store) resolveExisting(ctx context.Context, tx pgx.Tx, scope string, ev
 	var id string
 	var hash []byte
 	_, err = pgx.ForEachRow(rows, []any{&id, &hash}, func() error {
-		stored[id] = bytes.Clone(hash)
+		if hash != nil {
+			stored[id] = bytes.Clone(hash)
+		}
 		return nil
 	})
 	if err != nil {
