@@ -149,7 +149,11 @@ func Chart(w io.Writer, results []Result) {
 	}
 	const barH, gap, left, width = 18, 6, 250, 520
 	height := len(rows)*(barH+gap) + 50
-	fmt.Fprintf(w, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", left+width+80, height)
+	scale := 1.0 // the longest bar is width
+	for _, r := range rows {
+		scale = max(scale, r.Ratio)
+	}
+	fmt.Fprintf(w, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", left+width+140, height)
 	fmt.Fprintf(w, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
 	fmt.Fprintf(w, `<text x="%d" y="16" font-weight="bold">throughput as a fraction of a raw consume+ack consumer (same stream, same run)</text>`+"\n", 10)
 	for i, r := range rows {
@@ -166,8 +170,8 @@ func Chart(w io.Writer, results []Result) {
 			ratio = 1
 		}
 		fmt.Fprintf(w, `<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", left-8, y+13, html.EscapeString(r.Row.Name))
-		fmt.Fprintf(w, `<rect x="%d" y="%d" width="%.0f" height="%d" fill="%s"/>`+"\n", left, y, ratio*width, barH, color)
-		fmt.Fprintf(w, `<text x="%.0f" y="%d">%.2f× (%.0f/s)</text>`+"\n", float64(left)+ratio*width+4, y+13, ratio, r.Rate)
+		fmt.Fprintf(w, `<rect x="%d" y="%d" width="%.0f" height="%d" fill="%s"/>`+"\n", left, y, ratio/scale*width, barH, color)
+		fmt.Fprintf(w, `<text x="%.0f" y="%d">%.2f× (%.0f/s)</text>`+"\n", float64(left)+ratio/scale*width+4, y+13, ratio, r.Rate)
 	}
 	fmt.Fprintln(w, "</svg>")
 }

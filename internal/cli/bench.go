@@ -44,8 +44,21 @@ every postgres, beam.smp and redis-server process.`)
 	svgPath := fs.String("svg", "", "also write a bar chart of the ratios as SVG to this `file`")
 	dir := fs.String("dir", "", "worker logs go here (default: a temporary directory)")
 	profile := fs.Bool("profile", false, "write a CPU profile of each worker into --dir")
+	render := fs.String("render", "", "run nothing: print the table (and write --svg) from the JSON `file` of an earlier run")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *render != "" {
+		b, err := os.ReadFile(*render)
+		if err != nil {
+			return err
+		}
+		var results []bench.Result
+		if err := json.Unmarshal(b, &results); err != nil {
+			return fmt.Errorf("bench: %s: %w", *render, err)
+		}
+		bench.Print(e.stdout, results)
+		return writeChart(*svgPath, results)
 	}
 	cfg, _, err := e.loadConfig("")
 	if err != nil {
@@ -90,18 +103,8 @@ every postgres, beam.smp and redis-server process.`)
 			return err
 		}
 	}
-	if *svgPath != "" {
-		if err := os.MkdirAll(filepath.Dir(*svgPath), 0o755); err != nil {
-			return err
-		}
-		f, err := os.Create(*svgPath)
-		if err != nil {
-			return err
-		}
-		bench.Chart(f, results)
-		if err := f.Close(); err != nil {
-			return err
-		}
+	if err := writeChart(*svgPath, results); err != nil {
+		return err
 	}
 	for _, r := range results {
 		if r.Doubled > 0 || r.Missing > 0 {
@@ -109,4 +112,20 @@ every postgres, beam.smp and redis-server process.`)
 		}
 	}
 	return nil
+}
+
+// writeChart writes the bar chart of results to path, if path is set.
+func writeChart(path string, results []bench.Result) error {
+	if path == "" {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	bench.Chart(f, results)
+	return f.Close()
 }
