@@ -10,7 +10,7 @@ import (
 // another batch is in flight. A worker that is free while the other works
 // would otherwise take small batches; waiting lets it take fuller ones, and
 // the wait is bounded.
-const busyLinger = 2
+const busyLinger = 3
 
 // gather reads deliveries, registers each with the acker in the broker's
 // order, and hands them to the workers in batches. A batch goes as soon as it
