@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/loadgen"
+	"github.com/idemhq/idem/internal/roundtrip"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -108,42 +109,11 @@ func (r *Recorder) Snapshot(final bool) WorkerStats {
 	return s
 }
 
-// PGTracer counts Postgres round trips: every statement (BEGIN and COMMIT
-// included) and every batch, which pgx sends in one round trip.
-func (r *Recorder) PGTracer() pgx.QueryTracer { return pgTrips{&r.pg} }
+// PGTracer counts Postgres round trips.
+func (r *Recorder) PGTracer() pgx.QueryTracer { return roundtrip.Postgres(&r.pg) }
 
-// RedisHook counts Redis round trips: a command, or a whole pipeline.
-func (r *Recorder) RedisHook() redis.Hook { return redisTrips{&r.redis} }
-
-type pgTrips struct{ n *atomic.Int64 }
-
-func (t pgTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	t.n.Add(1)
-	return ctx
-}
-func (pgTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (t pgTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	t.n.Add(1)
-	return ctx
-}
-func (pgTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (pgTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-type redisTrips struct{ n *atomic.Int64 }
-
-func (redisTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (t redisTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		t.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-func (t redisTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		t.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
+// RedisHook counts Redis round trips.
+func (r *Recorder) RedisHook() redis.Hook { return roundtrip.Redis(&r.redis) }
 
 // Serve runs a bench worker's life around run: it prints "ready" on out once
 // set-up is done, waits for a line on in, runs until ctx ends, and keeps the

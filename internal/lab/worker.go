@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
@@ -16,6 +15,7 @@ import (
 	"github.com/idemhq/idem/internal/crashpoint"
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/payments"
+	"github.com/idemhq/idem/internal/roundtrip"
 )
 
 // WorkerOptions configure one lab worker process (`idem lab-worker`).
@@ -77,7 +77,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		return fmt.Errorf("lab worker: DATABASE_URL: %w", err)
 	}
 	pcfg.MaxConns = int32(o.Workers + 2)
-	pcfg.ConnConfig.Tracer = pgTrips{&c.pg}
+	pcfg.ConnConfig.Tracer = roundtrip.Postgres(&c.pg)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
@@ -89,7 +89,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	}
 	ropt.ContextTimeoutEnabled = true // idem's tier needs it; a no-op without deadlines
 	rdb := redis.NewClient(ropt)
-	rdb.AddHook(redisTrips{&c.redis})
+	rdb.AddHook(roundtrip.Redis(&c.redis))
 	defer rdb.Close()
 	a, err := newApproach(o.Approach, deps{pool: pool, rdb: rdb, ttl: o.TTL, crash: crash, log: o.Logger})
 	if err != nil {
@@ -158,37 +158,4 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	}
 	wg.Wait()
 	return nil
-}
-
-// pgTrips counts Postgres round trips: every statement (BEGIN and COMMIT
-// included) and every batch, which pgx sends in one round trip.
-type pgTrips struct{ n *atomic.Int64 }
-
-func (t pgTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	t.n.Add(1)
-	return ctx
-}
-func (pgTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (t pgTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	t.n.Add(1)
-	return ctx
-}
-func (pgTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (pgTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-// redisTrips counts Redis round trips: a command, or a whole pipeline.
-type redisTrips struct{ n *atomic.Int64 }
-
-func (redisTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (t redisTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		t.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-func (t redisTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		t.n.Add(1)
-		return next(ctx, cmds)
-	}
 }
