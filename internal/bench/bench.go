@@ -29,7 +29,7 @@ import (
 
 	"github.com/idemhq/idem/internal/loadgen"
 	"github.com/idemhq/idem/internal/payments"
-	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/verify"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
@@ -85,10 +85,15 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 			return nil, fmt.Errorf("bench: --rows matched no row")
 		}
 	}
-	b := &bencher{o: o}
+	admin, err := pgx.Connect(ctx, o.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("bench: connect to postgres: %w", err)
+	}
+	defer admin.Close(context.WithoutCancel(ctx))
+	b := &bencher{o: o, admin: admin}
 	// Each run makes and drops a schema; without autovacuum the catalogs
 	// they leave dead rows in slow every later run down.
-	vacuumCatalogs(ctx, o.DatabaseURL)
+	b.vacuumCatalogs(ctx)
 	if slices.ContainsFunc(rows, func(r Row) bool { return r.Prefilled }) {
 		if err := b.prefill(ctx); err != nil {
 			return nil, err
@@ -118,6 +123,7 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 
 type bencher struct {
 	o      Options
+	admin  *pgx.Conn // schemas, checkpoints, vacuum: one connection for the whole run
 	seq    int
 	schema string // the pre-filled schema, once made
 }
@@ -168,12 +174,20 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 	if row.Prefilled {
 		schema = b.schema
 	} else if row.Mode == "idem" {
-		if err := createSchema(ctx, b.o.DatabaseURL, schema); err != nil {
+		if err := b.createSchema(ctx, schema); err != nil {
 			return runResult{}, err
 		}
-		defer dropSchema(b.o.DatabaseURL, schema)
+		defer b.dropSchema(schema)
 	}
-	dbURL := testenv.WithParam(b.o.DatabaseURL, "search_path", schema)
+	dbURL := sandbox.WithParam(b.o.DatabaseURL, "search_path", schema)
+	var pool *pgxpool.Pool // the row's schema, for the set-up and the verification
+	if row.Mode == "idem" {
+		var err error
+		if pool, err = pgxpool.New(ctx, dbURL); err != nil {
+			return runResult{}, err
+		}
+		defer pool.Close()
+	}
 	rdb, err := redisClient(b.o.RedisURL)
 	if err != nil {
 		return runResult{}, err
@@ -189,7 +203,7 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 	if row.Dups == 1 && row.Mode == "idem" {
 		// Every message is a re-send: process the stream once first, as
 		// the workers would have.
-		if err := b.processOnce(ctx, dbURL, rdb, name, redisOn, stream.Events); err != nil {
+		if err := processOnce(ctx, pool, rdb, name, redisOn, stream.Events); err != nil {
 			return runResult{}, err
 		}
 	}
@@ -216,7 +230,7 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 
 	// Every run starts just after a checkpoint, so that none pays for
 	// one mid-run and each writes the same full-page images.
-	checkpoint(ctx, b.o.DatabaseURL)
+	b.checkpoint(ctx)
 	waitQuiet(10 * time.Second)
 	before, err := sampleCPU(workers.pids())
 	if err != nil {
@@ -281,11 +295,6 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 		r.P50, r.P99 = percentile(lat, 0.50), percentile(lat, 0.99)
 	}
 	if row.Mode == "idem" {
-		pool, err := pgxpool.New(ctx, dbURL)
-		if err != nil {
-			return r, err
-		}
-		defer pool.Close()
 		rep, err := verify.Check(ctx, pool, loadgen.NewManifest(spec, queue, stream))
 		if err != nil {
 			return r, err
@@ -316,12 +325,7 @@ func (b *bencher) stream(row Row, run int, name string) (loadgen.StreamSpec, loa
 
 // processOnce runs events through the guard and the payments handler, as a
 // consumer would have, so that the row's messages are all duplicates.
-func (b *bencher) processOnce(ctx context.Context, dbURL string, rdb *redis.Client, prefix string, redisOn bool, events []payments.Event) error {
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+func processOnce(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, prefix string, redisOn bool, events []payments.Event) error {
 	gcfg := guard.Config{Scope: "payments", Store: pgtier.New(pool)}
 	if redisOn {
 		f, err := redistier.New(rdb, redistier.Config{Prefix: prefix, Timeout: 5 * time.Second})
@@ -358,13 +362,9 @@ func (b *bencher) processOnce(ctx context.Context, dbURL string, rdb *redis.Clie
 // the load, as a restore would.
 func (b *bencher) prefill(ctx context.Context) error {
 	b.schema = fmt.Sprintf("idem_bench_prefilled_%d", b.o.Prefill)
-	conn, err := pgx.Connect(ctx, b.o.DatabaseURL)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
+	conn := b.admin
 	var n int64
-	err = conn.QueryRow(ctx, `SELECT coalesce((SELECT reltuples::bigint FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
+	err := conn.QueryRow(ctx, `SELECT coalesce((SELECT reltuples::bigint FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
 		WHERE s.nspname = $1 AND c.relname = 'idem_processed'), -1)`, b.schema).Scan(&n)
 	if err != nil {
 		return err
@@ -378,7 +378,7 @@ func (b *bencher) prefill(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+b.schema+" CASCADE"); err != nil {
 		return err
 	}
-	if err := createSchema(ctx, b.o.DatabaseURL, b.schema); err != nil {
+	if err := b.createSchema(ctx, b.schema); err != nil {
 		return err
 	}
 	for _, q := range []string{
@@ -391,6 +391,7 @@ func (b *bencher) prefill(ctx context.Context) error {
 		`ALTER TABLE idem_processed ADD PRIMARY KEY (scope, event_id)`,
 		`CREATE INDEX idem_processed_processed_at ON idem_processed (processed_at)`,
 		`VACUUM ANALYZE idem_processed`,
+		`RESET search_path`,
 	} {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			return fmt.Errorf("pre-fill: %w", err)
@@ -402,48 +403,35 @@ func (b *bencher) prefill(ctx context.Context) error {
 
 // vacuumCatalogs vacuums the system catalogs that making and dropping
 // schemas churns, if the user may.
-func vacuumCatalogs(ctx context.Context, dbURL string) {
-	if conn, err := pgx.Connect(ctx, dbURL); err == nil {
-		_, _ = conn.Exec(ctx, `VACUUM pg_catalog.pg_attribute, pg_catalog.pg_depend, pg_catalog.pg_class,
-			pg_catalog.pg_index, pg_catalog.pg_type, pg_catalog.pg_constraint, pg_catalog.pg_namespace,
-			pg_catalog.pg_attrdef, pg_catalog.pg_sequence`)
-		conn.Close(ctx)
-	}
+func (b *bencher) vacuumCatalogs(ctx context.Context) {
+	_, _ = b.admin.Exec(ctx, `VACUUM pg_catalog.pg_attribute, pg_catalog.pg_depend, pg_catalog.pg_class,
+		pg_catalog.pg_index, pg_catalog.pg_type, pg_catalog.pg_constraint, pg_catalog.pg_namespace,
+		pg_catalog.pg_attrdef, pg_catalog.pg_sequence`)
 }
 
 // checkpoint runs CHECKPOINT, if the user may.
-func checkpoint(ctx context.Context, dbURL string) {
-	if conn, err := pgx.Connect(ctx, dbURL); err == nil {
-		_, _ = conn.Exec(ctx, "CHECKPOINT")
-		conn.Close(ctx)
-	}
+func (b *bencher) checkpoint(ctx context.Context) {
+	_, _ = b.admin.Exec(ctx, "CHECKPOINT")
 }
 
-func createSchema(ctx context.Context, dbURL, schema string) error {
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		return err
+// createSchema makes schema with idem's and the payments tables.
+func (b *bencher) createSchema(ctx context.Context, schema string) error {
+	for _, q := range []string{"CREATE SCHEMA " + schema, "SET search_path = " + schema} {
+		if _, err := b.admin.Exec(ctx, q); err != nil {
+			return err
+		}
 	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		return err
+	_, err := payments.Migrate(ctx, b.admin)
+	if _, rerr := b.admin.Exec(ctx, "RESET search_path"); err == nil {
+		err = rerr
 	}
-	pool, err := pgxpool.New(ctx, testenv.WithParam(dbURL, "search_path", schema))
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	_, err = payments.Migrate(ctx, pool)
 	return err
 }
 
-func dropSchema(dbURL, schema string) {
+func (b *bencher) dropSchema(schema string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if conn, err := pgx.Connect(ctx, dbURL); err == nil {
-		_, _ = conn.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-		conn.Close(ctx)
-	}
+	_, _ = b.admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 }
 
 func deleteQueue(url string, t consumer.Topology) {

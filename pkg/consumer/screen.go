@@ -131,13 +131,14 @@ func (w *worker[T]) screen(ctx context.Context, ds []amqp.Delivery, carry []item
 		b.Defer(later)
 		w.c.cfg.OnCount(CounterDeferred)
 	}
-	if len(b.Screened())+len(s.deferred) < len(items) {
+	settled := b.Screened()
+	if len(settled)+len(s.deferred) < len(items) {
 		return s, deferred
 	}
 	// Nothing to decide: ack the duplicates now.
-	var dups []item[T]
-	for _, i := range b.Screened() {
-		dups = append(dups, items[i])
+	dups := make([]item[T], len(settled))
+	for k, i := range settled {
+		dups[k] = items[i]
 	}
 	outcomes := make([]guard.Outcome, len(dups))
 	for i := range outcomes {
