@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 
@@ -12,8 +13,8 @@ import (
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/telemetry"
 	"github.com/idemhq/idem/pkg/consumer"
-	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/pgtier"
+	"github.com/idemhq/idem/pkg/metrics"
 )
 
 func runBenchWorker(ctx context.Context, e *env, args []string) error {
@@ -54,21 +55,40 @@ func runBenchWorker(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	metrics := telemetry.New()
-	g, closeGuard, err := buildGuard(ctx, cfg, log, pgtier.New(pool), metrics, nil, func(rdb *redis.Client) { rdb.AddHook(rec.RedisHook()) })
+	// The same metrics as idem consume, so that their cost is measured.
+	reg := telemetry.NewRegistry()
+	m, err := metrics.New(reg)
+	if err != nil {
+		return err
+	}
+	g, closeGuard, err := buildGuard(ctx, cfg, log, pgtier.New(pool), m, nil, func(rdb *redis.Client) { rdb.AddHook(rec.RedisHook()) })
 	if err != nil {
 		return err
 	}
 	defer closeGuard()
-	ccfg := consumerConfig(cfg, *name, log, metrics, nil)
-	ccfg.OnSettled = func(m consumer.Message, o guard.Outcome, _ string) { rec.Settled(m.Headers, o) }
+	ccfg := consumerConfig(cfg, *name, log, recordingObserver{m, rec}, nil)
 	c, err := consumer.New(ccfg, g, payments.Handler{})
 	if err != nil {
 		return err
 	}
+	if err := m.WatchConsumer(c.Stats); err != nil {
+		return err
+	}
 	return bench.Serve(ctx, *statsFile, rec, os.Stdin, e.stdout, func(ctx context.Context) error {
 		err := c.Run(ctx)
-		rec.AddBreaker(metrics.Snapshot())
-		return err
+		snap, serr := telemetry.Snapshot(reg)
+		rec.AddBreaker(snap)
+		return errors.Join(err, serr)
 	})
+}
+
+// recordingObserver feeds both the metrics and the bench's recorder.
+type recordingObserver struct {
+	*metrics.Metrics
+	rec *bench.Recorder
+}
+
+func (o recordingObserver) Settled(ctx context.Context, s consumer.Settlement) {
+	o.Metrics.Settled(ctx, s)
+	o.rec.Settled(s.Message.Headers, s.Outcome)
 }

@@ -35,6 +35,9 @@ var commands = []command{
 	{"lab-worker", "one worker process of 'idem lab' (started by it)", runLabWorker},
 	{"bench", "measure throughput, CPU and latency against a raw consumer", runBench},
 	{"bench-worker", "one consumer process of 'idem bench' (started by it)", runBenchWorker},
+	{"dlq", "list, show, replay or purge dead letters (idem dlq -h)", runDLQ},
+	{"inspect", "show what Redis, the dedup table and the ledger hold for one event", runInspect},
+	{"probe", "ask a consumer's /readyz or /healthz (a container healthcheck)", runProbe},
 	{"config", "print every setting with its environment variable and value", runConfig},
 	{"version", "print the version and VCS revision of this binary", runVersion},
 }
@@ -157,7 +160,11 @@ func (e *env) loadConfig(path string) (config.Config, *slog.Logger, error) {
 		return cfg, nil, err
 	}
 	level, _ := config.ParseLevel(cfg.LogLevel) // validated by Load
-	return cfg, slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: level})), nil
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return cfg, slog.New(slog.NewJSONHandler(e.stderr, opts)), nil
+	}
+	return cfg, slog.New(slog.NewTextHandler(e.stderr, opts)), nil
 }
 
 func runConfig(_ context.Context, e *env, args []string) error {

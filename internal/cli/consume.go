@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"runtime/debug"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/config"
@@ -21,6 +23,7 @@ import (
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/pgtier"
 	"github.com/idemhq/idem/pkg/guard/redistier"
+	"github.com/idemhq/idem/pkg/metrics"
 )
 
 func runConsume(ctx context.Context, e *env, args []string) error {
@@ -44,12 +47,40 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	log = log.With("consumer", *name)
-	var metricsLn net.Listener
+
+	// Metrics and probes answer from the start, while start-up waits.
+	reg := telemetry.NewRegistry()
+	m, err := metrics.New(reg)
+	if err != nil {
+		return err
+	}
+	var running atomic.Pointer[func() consumer.Stats] // set once the consumer exists
+	stats := func() consumer.Stats {
+		if f := running.Load(); f != nil {
+			return (*f)()
+		}
+		return consumer.Stats{Prefetch: cfg.Consumer.Prefetch}
+	}
+	if err := m.WatchConsumer(stats); err != nil {
+		return err
+	}
+	var rdb atomic.Pointer[redis.Client] // set by buildGuard when the fast tier is on
 	if cfg.MetricsAddr != "" {
-		if metricsLn, err = telemetry.Listen(cfg.MetricsAddr); err != nil {
+		ln, err := telemetry.Listen(cfg.MetricsAddr)
+		if err != nil {
 			return err
 		}
-		defer metricsLn.Close()
+		h := telemetry.Handler(reg, readiness(pool, stats, rdb.Load))
+		serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			if err := telemetry.Serve(serveCtx, ln, h); err != nil {
+				log.Error("metrics server", "err", err)
+			}
+		}()
+		// Served until the drain is over, so that a scrape sees the end.
+		defer func() { stopServing(); <-served }()
 	}
 
 	// Start-up: wait (bounded, logged) for a Postgres that is not up yet;
@@ -79,13 +110,12 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 		return startErr(ctx, err)
 	}
 
-	metrics := telemetry.New()
-	g, closeGuard, err := buildGuard(ctx, cfg, log, store, metrics, crash, nil)
+	g, closeGuard, err := buildGuard(ctx, cfg, log, store, m, crash, rdb.Store)
 	if err != nil {
 		return err
 	}
 	defer closeGuard()
-	ccfg := consumerConfig(cfg, *name, log, metrics, crash)
+	ccfg := consumerConfig(cfg, *name, log, m, crash)
 	if !horizon.PrunedThrough.IsZero() {
 		ccfg.NotBefore = horizon.PrunedThrough.Add(horizon.ClockSkew)
 	}
@@ -93,22 +123,30 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if metricsLn != nil {
-		go func() {
-			if err := metrics.Serve(ctx, metricsLn); err != nil {
-				log.Error("metrics server", "err", err)
-			}
-		}()
+	cstats := c.Stats
+	running.Store(&cstats)
+	snapshot := func() any {
+		snap, err := telemetry.Snapshot(reg)
+		if err != nil {
+			log.Error("read metrics", "err", err)
+		}
+		return snap
 	}
 	stopStats := func() {}
 	if *statsFile != "" {
 		// Every second, so that a consumer killed with SIGKILL leaves
 		// counts at most a second old (idem chaos sums them).
-		stopStats = fleet.WriteStatsEvery(*statsFile, time.Second, func() any { return metrics.Snapshot() },
+		stopStats = fleet.WriteStatsEvery(*statsFile, time.Second, snapshot,
 			func(err error) { log.Error("write stats file", "err", err) })
 	}
+	var pruning sync.WaitGroup
+	if every := cfg.Postgres.PruneInterval; every > 0 {
+		pctx, stopPruning := context.WithCancel(ctx)
+		defer func() { stopPruning(); pruning.Wait() }()
+		pruning.Go(func() { pruneEvery(pctx, every, cfg, store, m, log) })
+	}
 	err = c.Run(ctx)
-	log.Info("stopped", "outcomes", metrics)
+	log.Info("stopped", "outcomes", snapshot())
 	stopStats()
 	if errors.Is(err, consumer.ErrBrokerRefused) || errors.Is(err, consumer.ErrBrokerUnreachable) {
 		return fmt.Errorf("amqp_url: %w", err)
@@ -116,13 +154,63 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	return err
 }
 
+// readiness is what /readyz checks: the consumer consumes and Postgres
+// answers. Redis is reported but not required: without it every event goes
+// to Postgres, correctly.
+func readiness(pool *pgxpool.Pool, stats func() consumer.Stats, rdb func() *redis.Client) []telemetry.Check {
+	return []telemetry.Check{
+		{Name: "consumer", Required: true, Run: func(context.Context) error {
+			if !stats().Consuming {
+				return errors.New("not consuming (starting, or reconnecting to RabbitMQ)")
+			}
+			return nil
+		}},
+		{Name: "postgres", Required: true, Run: func(ctx context.Context) error { return pool.Ping(ctx) }},
+		{Name: "redis", Run: func(ctx context.Context) error {
+			c := rdb()
+			if c == nil {
+				return errors.New("not in use (redis.enabled is false, or not connected yet)")
+			}
+			return c.Ping(ctx).Err()
+		}},
+	}
+}
+
+// pruneBatch is the rows each of pruneEvery's DELETEs removes.
+const pruneBatch = 10000
+
+// pruneEvery runs idem prune's deletion every interval until ctx ends. Every
+// consumer of a fleet may run it: prunes serialise on idem_horizon and
+// delete disjoint rows.
+func pruneEvery(ctx context.Context, every time.Duration, cfg config.Config, store *pgtier.Store, m *metrics.Metrics, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, cutoff, err := store.Prune(ctx, cfg.Postgres.Retention, cfg.Consumer.ClockSkew, pruneBatch)
+		m.Pruned(n)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			log.Error("prune", "err", err, "rows", n)
+		default:
+			log.Info("pruned", "rows", n, "processed_before", cutoff.UTC().Format(time.RFC3339))
+		}
+	}
+}
+
 // buildGuard wires the guard as cfg says: the store, and the Redis tier when
 // enabled (checked at start, breaker transitions logged and counted). onRedis,
 // if set, sees the Redis client first (to add a hook). The returned func
 // writes the last done markers and closes Redis.
-func buildGuard(ctx context.Context, cfg config.Config, log *slog.Logger, store guard.Store, m *telemetry.Metrics,
+func buildGuard(ctx context.Context, cfg config.Config, log *slog.Logger, store guard.Store, m *metrics.Metrics,
 	hook func(context.Context, guard.Step), onRedis func(*redis.Client)) (*guard.Guard, func(), error) {
-	gcfg := guard.Config{Scope: cfg.Scope, Store: store, Hook: hook, Logger: log}
+	gcfg := guard.Config{Scope: cfg.Scope, Store: store, Hook: hook, Observer: m, Logger: log}
 	closeRedis := func() {}
 	if cfg.Redis.Enabled {
 		rdb, err := openRedis(cfg)
@@ -193,7 +281,7 @@ func checkRedis(ctx context.Context, rdb *redis.Client, log *slog.Logger) error 
 	return nil
 }
 
-func redisTierConfig(cfg config.Config, log *slog.Logger, m *telemetry.Metrics) redistier.Config {
+func redisTierConfig(cfg config.Config, log *slog.Logger, m *metrics.Metrics) redistier.Config {
 	return redistier.Config{
 		Prefix:  cfg.Redis.Prefix,
 		Lease:   cfg.Redis.Lease,
@@ -206,13 +294,13 @@ func redisTierConfig(cfg config.Config, log *slog.Logger, m *telemetry.Metrics) 
 			HalfOpenRequests: cfg.Redis.BreakerHalfOpenRequests,
 			OnStateChange: func(from, to string) {
 				log.Warn("redis circuit breaker", "from", from, "to", to)
-				m.BreakerChange(from, to)
+				m.BreakerChanged(from, to)
 			},
 		},
 	}
 }
 
-func consumerConfig(cfg config.Config, name string, log *slog.Logger, m *telemetry.Metrics, hook func(context.Context, guard.Step)) consumer.Config {
+func consumerConfig(cfg config.Config, name string, log *slog.Logger, obs consumer.Observer, hook func(context.Context, guard.Step)) consumer.Config {
 	return consumer.Config{
 		URL:                 cfg.AMQPURL,
 		Queue:               cfg.Queue,
@@ -233,8 +321,7 @@ func consumerConfig(cfg config.Config, name string, log *slog.Logger, m *telemet
 		DrainTimeout:        cfg.Consumer.DrainTimeout,
 		ConfirmTimeout:      10 * time.Second,
 		Hook:                hook,
-		OnOutcome:           m.Outcome,
-		OnCount:             m.Count,
+		Observer:            obs,
 		Logger:              log,
 	}
 }

@@ -40,7 +40,11 @@ type Config struct {
 	Scope string `yaml:"scope"`
 	// LogLevel is debug, info, warn or error. Defaults to info.
 	LogLevel string `yaml:"log_level"`
-	// MetricsAddr, if set, serves counters at http://<addr>/metrics.
+	// LogFormat is text (logfmt) or json (one object per line). Defaults
+	// to text.
+	LogFormat string `yaml:"log_format"`
+	// MetricsAddr, if set, serves Prometheus metrics at /metrics and the
+	// /healthz and /readyz probes on this address.
 	MetricsAddr string `yaml:"metrics_addr"`
 
 	Consumer Consumer `yaml:"consumer"`
@@ -133,6 +137,10 @@ type Postgres struct {
 	Retention time.Duration `yaml:"retention"`
 	// MaxConns caps the connection pool. Defaults to workers + 4.
 	MaxConns int32 `yaml:"max_conns"`
+	// PruneInterval, if set, makes each consumer run idem prune's deletion
+	// this often (counted in idem_retention_rows_pruned_total). Zero
+	// leaves pruning to idem prune. Defaults to 0.
+	PruneInterval time.Duration `yaml:"prune_interval"`
 }
 
 // Default returns the configuration with every default filled in.
@@ -144,6 +152,7 @@ func Default() Config {
 		Queue:       DefaultQueue,
 		Scope:       DefaultScope,
 		LogLevel:    "info",
+		LogFormat:   "text",
 		Consumer: Consumer{
 			Prefetch:            1024,
 			Workers:             2,

@@ -46,6 +46,12 @@ func (c Config) Validate() error {
 	if _, err := ParseLevel(c.LogLevel); err != nil {
 		return bad("log_level", "%v", err)
 	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		return bad("log_format", "%q is not a format; want text or json", c.LogFormat)
+	}
+	if c.Postgres.PruneInterval != 0 && (c.Postgres.PruneInterval < time.Minute || c.Postgres.PruneInterval > 24*time.Hour) {
+		return bad("postgres.prune_interval", "%s is out of range; want 0 (off) or 1m to 1d", c.Postgres.PruneInterval)
+	}
 	ints := []struct {
 		field  string
 		v      int64

@@ -64,6 +64,14 @@ func (a *acker) ack(tags []uint64) error {
 	return a.takeErr()
 }
 
+// counts reports the deliveries registered and not settled, and those
+// settled whose ack is not sent yet.
+func (a *acker) counts() (unsettled, held int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.unsettled), len(a.held)
+}
+
 // nack hands one delivery back to the queue, at once.
 func (a *acker) nack(tag uint64) error {
 	a.mu.Lock()

@@ -52,7 +52,7 @@ func (w *worker[T]) handleBatch(ctx context.Context, items []item[T]) {
 		}
 		if ctx.Err() != nil {
 			for _, it := range items {
-				w.requeue(it.d, RequeueShutdown)
+				w.requeue(ctx, it, RequeueShutdown, err)
 			}
 			return
 		}
@@ -61,23 +61,23 @@ func (w *worker[T]) handleBatch(ctx context.Context, items []item[T]) {
 			if time.Since(heldSince) >= cfg.StoreHold {
 				cfg.Logger.Warn("store unavailable for store_hold, handing the deliveries back", "deliveries", len(items), "err", err, "store_hold", cfg.StoreHold)
 				for _, it := range items {
-					w.requeue(it.d, reason)
+					w.requeue(ctx, it, reason, err)
 				}
 				return
 			}
-			cfg.OnCount(CounterStoreRetry)
+			cfg.Observer.Count(CounterStoreRetry, 1)
 			delay := cfg.RetryBackoff.Delay(wait)
 			cfg.Logger.Warn("store unavailable, retrying in place", "deliveries", len(items), "err", err, "delay", delay)
 			if !sleep(w.stop, delay) {
 				for _, it := range items {
-					w.requeue(it.d, RequeueShutdown)
+					w.requeue(ctx, it, RequeueShutdown, err)
 				}
 				return
 			}
 			continue
 		}
 		// Nothing committed. The failure may be one event's: split.
-		cfg.OnCount(CounterBatchSplit)
+		cfg.Observer.Count(CounterBatchSplit, 1)
 		cfg.Logger.Debug("batch failed, splitting it", "deliveries", len(items), "reason", reason, "err", err)
 		mid := len(items) / 2
 		w.handleBatch(ctx, items[:mid])
@@ -114,11 +114,11 @@ func (w *worker[T]) settle(ctx context.Context, items []item[T], res []guard.Res
 	for i, r := range res {
 		switch r.Outcome {
 		case guard.OutcomePayloadConflict:
-			w.deadLetter(ctx, items[i].d, ReasonPayloadConflict, r.Err)
+			w.deadLetter(ctx, items[i], ReasonPayloadConflict, r.Err)
 			continue
 		case guard.OutcomeUnknown:
 			w.c.cfg.Logger.Error("no outcome for a delivery of a decided batch: handing it back (a bug)", "event_id", items[i].ev.ID)
-			w.requeue(items[i].d, RequeueNoOutcome)
+			w.requeue(ctx, items[i], RequeueNoOutcome, nil)
 			continue
 		}
 		acked = append(acked, items[i])

@@ -43,22 +43,6 @@ const (
 	UntimedAccept UntimedPolicy = "accept"
 )
 
-// Counters passed to Config.OnCount.
-const (
-	// CounterStoreRetry counts attempts retried in place because Postgres
-	// was unreachable (the delivery is held, its budget untouched).
-	CounterStoreRetry = "store_retries_in_place"
-	// CounterUntimedAccepted counts events processed without a time under
-	// UntimedAccept.
-	CounterUntimedAccepted = "untimed_accepted"
-	// CounterBatchSplit counts batches split in two because their
-	// transaction failed for a reason that may be one event's.
-	CounterBatchSplit = "batch_splits"
-	// CounterDeferred counts batches that set events aside for a moment
-	// because another consumer held their lease (see Config.BatchSize).
-	CounterDeferred = "deferrals"
-)
-
 // Default backoffs for Config.
 var (
 	DefaultRetryBackoff     = Backoff{Min: 200 * time.Millisecond, Max: 10 * time.Second}
@@ -143,17 +127,9 @@ type Config struct {
 	ConfirmTimeout time.Duration
 	// Hook, if set, is called at each Step. For tests and tracing.
 	Hook func(ctx context.Context, step guard.Step)
-	// OnOutcome, if set, is called once per delivery with its outcome and,
-	// for OutcomeDeadLettered and OutcomeRetry, the reason. For metrics.
-	OnOutcome func(o guard.Outcome, reason string)
-	// OnCount, if set, is called with a Counter* name each time that event
-	// happens. For metrics.
-	OnCount func(counter string)
-	// OnSettled, if set, is called once per delivery right after it was
-	// acked, requeued or dead-lettered, with its message, outcome and
-	// reason, as OnOutcome. For latency measurements and tracing; it must
-	// not keep m.Body or m.Headers.
-	OnSettled func(m Message, o guard.Outcome, reason string)
+	// Observer, if set, sees each delivery's end, the Counter* events and
+	// the batches gathered. For metrics and tracing.
+	Observer Observer
 	// Logger receives the consumer's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -213,14 +189,11 @@ func (c *Config) setDefaults() {
 	if c.Untimed == "" {
 		c.Untimed = UntimedReject
 	}
-	if c.OnCount == nil {
-		c.OnCount = func(string) {}
+	if c.Observer == nil {
+		c.Observer = nopObserver{}
 	}
 	if c.Hook == nil {
 		c.Hook = func(context.Context, guard.Step) {}
-	}
-	if c.OnOutcome == nil {
-		c.OnOutcome = func(guard.Outcome, string) {}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -21,6 +21,8 @@ type Consumer[T any] struct {
 	handler  Handler[T]
 	topology Topology
 	consumed atomic.Bool // a session reached Consume: start-up is over
+	// live is the acker of the session consuming now; nil between sessions.
+	live atomic.Pointer[acker]
 }
 
 // New returns a Consumer, or an error naming the bad Config field.
@@ -32,11 +34,23 @@ func New[T any](cfg Config, g *guard.Guard, h Handler[T]) (*Consumer[T], error) 
 	if g == nil || h == nil {
 		return nil, errors.New("consumer: guard and handler are required")
 	}
+	cfg.Logger = cfg.Logger.With("scope", g.Scope())
 	return &Consumer[T]{cfg: cfg, guard: g, handler: h, topology: TopologyFor(cfg.Queue, cfg.BrokerDeliveryLimit)}, nil
 }
 
 // Topology returns what the consumer declares.
 func (c *Consumer[T]) Topology() Topology { return c.topology }
+
+// Stats reports the consumer's state now. It is safe to call at any time,
+// from any goroutine.
+func (c *Consumer[T]) Stats() Stats {
+	s := Stats{Prefetch: c.cfg.Prefetch}
+	if a := c.live.Load(); a != nil {
+		unsettled, held := a.counts()
+		s.Consuming, s.InFlight, s.Unacked = true, unsettled, unsettled+held
+	}
+	return s
+}
 
 // Run consumes until ctx ends, reconnecting with backoff whenever the
 // connection or a channel is lost. It returns an error at once if the queue
@@ -65,6 +79,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		case !c.consumed.Load() && time.Since(began) >= c.cfg.StartupTimeout:
 			return fmt.Errorf("%w within StartupTimeout (%s): %w", ErrBrokerUnreachable, c.cfg.StartupTimeout, err)
 		}
+		c.cfg.Observer.Count(CounterReconnect, 1)
 		if time.Since(started) > c.cfg.ReconnectBackoff.Max {
 			attempt = 1 // the session was healthy for a while: start over
 		}
@@ -128,6 +143,8 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	stop, stopWaits := context.WithCancel(ctx)
 	defer stopWaits()
 	w := &worker[T]{c: c, dl: &deadLetterer{pub: pub, returns: returns}, acker: newAcker(ch), stop: stop}
+	c.live.Store(w.acker)
+	defer c.live.Store(nil)
 	// The pipeline: gather → screen (one goroutine: decode, Redis, ack
 	// the duplicates it settles) → decide (Workers goroutines: the
 	// Postgres transactions).

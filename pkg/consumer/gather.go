@@ -48,6 +48,7 @@ func (w *worker[T]) gather(deliveries <-chan amqp.Delivery, batches chan<- []amq
 		case d, ok := <-read:
 			if !ok {
 				if len(cur) > 0 {
+					w.c.cfg.Observer.Gathered(len(cur))
 					batches <- cur
 				}
 				return
@@ -58,6 +59,7 @@ func (w *worker[T]) gather(deliveries <-chan amqp.Delivery, batches chan<- []amq
 			}
 			cur = append(cur, d)
 		case out <- cur:
+			w.c.cfg.Observer.Gathered(len(cur))
 			cur = nil
 			inFlight++
 			timer.Stop()

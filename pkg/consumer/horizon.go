@@ -18,7 +18,7 @@ func (c *Consumer[T]) checkTime(t, now time.Time) (string, error) {
 	switch {
 	case t.IsZero():
 		if cfg.Untimed == UntimedAccept {
-			cfg.OnCount(CounterUntimedAccepted)
+			cfg.Observer.Count(CounterUntimedAccepted, 1)
 			return "", nil
 		}
 		return ReasonMissingTime, fmt.Errorf("the event has no time (no occurredAt and no AMQP timestamp), so its age cannot be checked against the %s retention", cfg.Retention)

@@ -32,10 +32,10 @@ func TestCheckTimeEnforcesTheHorizon(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			var counted []string
+			counted := &countRecorder{}
 			cfg := c.cfg
 			cfg.URL, cfg.Queue = "amqp://", "q"
-			cfg.OnCount = func(name string) { counted = append(counted, name) }
+			cfg.Observer = counted
 			cfg.setDefaults()
 			require.NoError(t, cfg.validate())
 			cons := &Consumer[int]{cfg: cfg}
@@ -43,10 +43,18 @@ func TestCheckTimeEnforcesTheHorizon(t *testing.T) {
 			require.Equal(t, c.reason, reason)
 			require.Equal(t, c.reason != "", err != nil)
 			if c.counted {
-				require.Equal(t, []string{CounterUntimedAccepted}, counted)
+				require.Equal(t, []string{CounterUntimedAccepted}, counted.names)
 			} else {
-				require.Empty(t, counted)
+				require.Empty(t, counted.names)
 			}
 		})
 	}
 }
+
+// countRecorder is an Observer that records the counters' names.
+type countRecorder struct {
+	nopObserver
+	names []string
+}
+
+func (r *countRecorder) Count(name string, _ int) { r.names = append(r.names, name) }

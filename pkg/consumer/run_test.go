@@ -39,8 +39,13 @@ type rig struct {
 	pool  *pgxpool.Pool
 	queue string
 	ch    *amqp.Channel
-	stats map[string]*atomic.Int64
+	stats map[string]*atomic.Int64 // deliveries by outcome, and Counter* counts
 }
+
+// Settled, Count and Gathered make the rig the consumer's Observer.
+func (r *rig) Settled(_ context.Context, s consumer.Settlement) { r.stats[s.Outcome.String()].Add(1) }
+func (r *rig) Count(name string, n int)                         { r.stats[name].Add(int64(n)) }
+func (r *rig) Gathered(int)                                     {}
 
 func startRig(t *testing.T, h consumer.Handler[[]byte], tune func(*consumer.Config)) *rig {
 	t.Helper()
@@ -56,12 +61,15 @@ func startRigWith(t *testing.T, h consumer.Handler[[]byte], fast guard.FastPath,
 	for _, o := range guard.Outcomes() {
 		r.stats[o.String()] = &atomic.Int64{}
 	}
+	for _, name := range consumer.Counters() {
+		r.stats[name] = &atomic.Int64{}
+	}
 	g, err := guard.New(guard.Config{Scope: "svc", Store: pgtier.New(pool), Fast: fast})
 	require.NoError(t, err)
 	cfg := consumer.Config{
 		URL: url, Queue: r.queue, Workers: 2, Prefetch: 4, DeliveryLimit: 2,
 		RetryBackoff: consumer.Backoff{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond},
-		OnOutcome:    func(o guard.Outcome, _ string) { r.stats[o.String()].Add(1) },
+		Observer:     r,
 		Logger:       slog.New(slog.DiscardHandler),
 	}
 	if tune != nil {
@@ -203,14 +211,8 @@ func (batchHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, vs [][]byte) erro
 // bad one spends its attempts and is dead-lettered.
 func TestOneBadEventNeverSinksItsBatch(t *testing.T) {
 	t.Parallel()
-	var splits atomic.Int64
 	r := startRig(t, batchHandler{}, func(cfg *consumer.Config) {
 		cfg.Prefetch, cfg.BatchSize, cfg.BatchLinger = 16, 16, 50*time.Millisecond
-		cfg.OnCount = func(name string) {
-			if name == consumer.CounterBatchSplit {
-				splits.Add(1)
-			}
-		}
 	})
 	for i := range 15 {
 		if i == 7 {
@@ -226,7 +228,7 @@ func TestOneBadEventNeverSinksItsBatch(t *testing.T) {
 	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT event_id) FROM payments_ledger`).Scan(&rows, &distinct))
 	require.Equal(t, 15, rows)
 	require.Equal(t, 15, distinct)
-	require.Positive(t, splits.Load())
+	require.Positive(t, r.stats[consumer.CounterBatchSplit].Load())
 }
 
 // TestLeasedEventsAreDeferredNeitherDroppedNorDoubled: events whose Redis
@@ -241,14 +243,8 @@ func TestLeasedEventsAreDeferredNeitherDroppedNorDoubled(t *testing.T) {
 	for i := range 10 {
 		require.NoError(t, rdb.Set(context.Background(), fast.Key("svc", fmt.Sprintf("evt_l%d", i)), "pending:ghost", time.Minute).Err())
 	}
-	var deferrals atomic.Int64
 	r := startRigWith(t, batchHandler{}, fast, func(cfg *consumer.Config) {
 		cfg.Prefetch, cfg.BatchSize, cfg.BatchLinger = 64, 16, 20*time.Millisecond
-		cfg.OnCount = func(name string) {
-			if name == consumer.CounterDeferred {
-				deferrals.Add(1)
-			}
-		}
 	})
 	// The second copies come a batch later, so that they meet the first
 	// copies' deferral.
@@ -273,5 +269,5 @@ func TestLeasedEventsAreDeferredNeitherDroppedNorDoubled(t *testing.T) {
 	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT event_id) FROM payments_ledger`).Scan(&rows, &distinct))
 	require.Equal(t, 30, rows)
 	require.Equal(t, 30, distinct)
-	require.Positive(t, deferrals.Load())
+	require.Positive(t, r.stats[consumer.CounterDeferred].Load())
 }

@@ -86,8 +86,9 @@ func (w *worker[T]) pass(s screened[T], toDecide chan<- screened[T], finished ch
 // It returns the batch to decide and the items it deferred.
 func (w *worker[T]) screen(ctx context.Context, ds []amqp.Delivery, carry []item[T]) (screened[T], []item[T]) {
 	items := append(make([]item[T], 0, len(carry)+len(ds)), carry...)
+	now := time.Now()
 	for _, d := range ds {
-		if it, ok := w.prepare(ctx, d); ok {
+		if it, ok := w.prepare(ctx, d, now); ok {
 			items = append(items, it)
 		}
 	}
@@ -129,7 +130,7 @@ func (w *worker[T]) screen(ctx context.Context, ds []amqp.Delivery, carry []item
 	}
 	if len(later) > 0 {
 		b.Defer(later)
-		w.c.cfg.OnCount(CounterDeferred)
+		w.c.cfg.Observer.Count(CounterDeferred, 1)
 	}
 	settled := b.Screened()
 	if len(settled)+len(s.deferred) < len(items) {

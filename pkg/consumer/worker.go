@@ -19,6 +19,8 @@ const (
 	HeaderError         = "x-idem-error"
 	HeaderQueue         = "x-idem-queue"
 	HeaderDeliveryCount = "x-idem-delivery-count"
+	// HeaderDeadLetteredAt is when the consumer dead-lettered the message.
+	HeaderDeadLetteredAt = "x-idem-dead-lettered-at"
 )
 
 // maxErrorHeader bounds the error text copied into a dead letter.
@@ -44,6 +46,8 @@ type item[T any] struct {
 	// deferred: the item was set aside once because another consumer held
 	// its lease; the next screening sends it to the store whatever it finds.
 	deferred bool
+	// received is when the consumer took the delivery.
+	received time.Time
 }
 
 // deadLetterer publishes dead letters on a confirm-mode channel, one at a
@@ -56,9 +60,9 @@ type deadLetterer struct {
 	seq     uint64
 }
 
-// prepare decodes d and checks its time. A delivery that cannot be processed
-// is dead-lettered here, and prepare reports false.
-func (w *worker[T]) prepare(ctx context.Context, d amqp.Delivery) (item[T], bool) {
+// prepare decodes d, received at received, and checks its time. A delivery
+// that cannot be processed is dead-lettered here, and prepare reports false.
+func (w *worker[T]) prepare(ctx context.Context, d amqp.Delivery, received time.Time) (item[T], bool) {
 	ev, v, err := w.c.handler.Decode(messageOf(d))
 	if err == nil {
 		err = ev.Validate()
@@ -71,25 +75,27 @@ func (w *worker[T]) prepare(ctx context.Context, d amqp.Delivery) (item[T], bool
 		if !ok {
 			reason = ReasonDecode
 		}
-		w.deadLetter(ctx, d, reason, err)
+		// The ID, if Decode got that far, names the event in logs.
+		w.deadLetter(ctx, item[T]{d: d, ev: guard.Event{ID: ev.ID}, received: received}, reason, err)
 		return item[T]{}, false
 	}
 	if ev.Time.IsZero() {
 		ev.Time = d.Timestamp
 	}
+	it := item[T]{d: d, ev: ev, v: v, received: received}
 	if reason, err := w.c.checkTime(ev.Time, time.Now()); err != nil {
-		w.deadLetter(ctx, d, reason, err)
+		w.deadLetter(ctx, it, reason, err)
 		return item[T]{}, false
 	}
-	return item[T]{d: d, ev: ev, v: v}, true
+	return it, true
 }
 
 // handleOne takes one event to a durable outcome and acks it, or leaves it
 // to the broker (nack with requeue) when that cannot be reached now.
 func (w *worker[T]) handleOne(ctx context.Context, it item[T]) {
 	cfg := &w.c.cfg
-	d, ev := it.d, it.ev
-	attempt := deliveryCount(d) + 1
+	ev := it.ev
+	attempt := deliveryCount(it.d) + 1
 	apply := func(ctx context.Context, tx pgx.Tx) error { return w.c.handler.Apply(ctx, tx, it.v) }
 
 	heldSince := time.Now()
@@ -104,40 +110,40 @@ func (w *worker[T]) handleOne(ctx context.Context, it item[T]) {
 		}
 		if ctx.Err() != nil {
 			// Drain timeout: the tx was rolled back; the broker redelivers.
-			w.requeue(d, RequeueShutdown)
+			w.requeue(ctx, it, RequeueShutdown, err)
 			return
 		}
 		verdict, reason := classify(err, timedOut)
 		switch verdict {
 		case deadLetterNow:
-			w.deadLetter(ctx, d, reason, err)
+			w.deadLetter(ctx, it, reason, err)
 			return
 		case holdInPlace:
 			if time.Since(heldSince) >= cfg.StoreHold {
-				cfg.Logger.Warn("store unavailable for store_hold, handing the delivery back", "event_id", ev.ID, "err", err, "store_hold", cfg.StoreHold)
-				w.requeue(d, reason)
+				cfg.Logger.Warn("store unavailable for store_hold, handing the delivery back", "event_id", ev.ID, "reason", reason, "err", err, "store_hold", cfg.StoreHold)
+				w.requeue(ctx, it, reason, err)
 				return
 			}
 			// Not the event's fault: hold the delivery and retry in place
 			// without spending its budget. Nothing is acked meanwhile.
-			cfg.OnCount(CounterStoreRetry)
+			cfg.Observer.Count(CounterStoreRetry, 1)
 			delay := cfg.RetryBackoff.Delay(wait)
-			cfg.Logger.Warn("store unavailable, retrying in place", "event_id", ev.ID, "attempt", attempt, "err", err, "delay", delay)
+			cfg.Logger.Warn("store unavailable, retrying in place", "event_id", ev.ID, "reason", reason, "attempt", attempt, "err", err, "delay", delay)
 			if !sleep(w.stop, delay) {
-				w.requeue(d, RequeueShutdown)
+				w.requeue(ctx, it, RequeueShutdown, err)
 				return
 			}
 			continue
 		}
 		if attempt >= cfg.DeliveryLimit {
 			cfg.Logger.Error("attempts exhausted, dead-lettering", "event_id", ev.ID, "reason", reason, "attempt", attempt, "err", err, "delivery_limit", cfg.DeliveryLimit)
-			w.deadLetter(ctx, d, reason, err)
+			w.deadLetter(ctx, it, reason, err)
 			return
 		}
 		delay := cfg.RetryBackoff.Delay(attempt)
-		cfg.Logger.Warn("attempt failed, will retry", "event_id", ev.ID, "reason", reason, "attempt", attempt, "err", err, "delay", delay)
+		cfg.Logger.Debug("attempt failed, will retry", "event_id", ev.ID, "reason", reason, "attempt", attempt, "delay", delay)
 		sleep(w.stop, delay)
-		w.requeue(d, reason)
+		w.requeue(ctx, it, reason, err)
 		return
 	}
 }
@@ -161,30 +167,26 @@ func (w *worker[T]) ack(ctx context.Context, items []item[T], outcomes []guard.O
 		w.c.cfg.Logger.Warn("ack failed", "err", err, "deliveries", len(tags))
 	}
 	for i, o := range outcomes {
-		w.c.cfg.OnOutcome(o, "")
-		if w.c.cfg.OnSettled != nil {
-			w.c.cfg.OnSettled(messageOf(items[i].d), o, "")
-		}
+		w.settled(ctx, items[i], o, "", nil)
 	}
 }
 
-func (w *worker[T]) requeue(d amqp.Delivery, reason string) {
-	if err := w.acker.nack(d.DeliveryTag); err != nil {
-		w.c.cfg.Logger.Warn("nack failed", "err", err)
+// requeue hands it back to the queue, for reason, after err.
+func (w *worker[T]) requeue(ctx context.Context, it item[T], reason string, err error) {
+	if err := w.acker.nack(it.d.DeliveryTag); err != nil {
+		w.c.cfg.Logger.Warn("nack failed", "event_id", it.ev.ID, "err", err)
 	}
-	w.c.cfg.OnOutcome(guard.OutcomeRetry, reason)
-	if w.c.cfg.OnSettled != nil {
-		w.c.cfg.OnSettled(messageOf(d), guard.OutcomeRetry, reason)
-	}
+	w.settled(ctx, it, guard.OutcomeRetry, reason, err)
 }
 
-// deadLetter publishes d to the dead-letter exchange with its reason,
-// mandatory, waits for the broker's confirm, and only then acks d. A dead
+// deadLetter publishes it to the dead-letter exchange with its reason,
+// mandatory, waits for the broker's confirm, and only then acks it. A dead
 // letter that was not confirmed, or that the broker returned because no
 // queue took it (the DLQ was deleted), is requeued instead: a dead letter is
 // never acked away unless it is in the dead-letter queue.
-func (w *worker[T]) deadLetter(ctx context.Context, d amqp.Delivery, reason string, cause error) {
+func (w *worker[T]) deadLetter(ctx context.Context, it item[T], reason string, cause error) {
 	cfg := &w.c.cfg
+	d := it.d
 	msg := truncate(cause.Error(), maxErrorHeader)
 	headers := amqp.Table{}
 	for k, v := range d.Headers {
@@ -198,6 +200,7 @@ func (w *worker[T]) deadLetter(ctx context.Context, d amqp.Delivery, reason stri
 	headers[HeaderError] = msg
 	headers[HeaderQueue] = cfg.Queue
 	headers[HeaderDeliveryCount] = int64(deliveryCount(d) + 1)
+	headers[HeaderDeadLetteredAt] = time.Now().UTC()
 
 	routed, err := w.dl.publish(ctx, cfg.ConfirmTimeout, w.c.topology, amqp.Publishing{
 		Headers:      headers,
@@ -209,27 +212,28 @@ func (w *worker[T]) deadLetter(ctx context.Context, d amqp.Delivery, reason stri
 	})
 	switch {
 	case err != nil:
-		cfg.Logger.Error("dead-letter publish failed, requeueing", "reason", reason, "err", err)
-		w.requeue(d, RequeueUnconfirmed)
+		cfg.Logger.Error("dead-letter publish failed, requeueing", "event_id", it.ev.ID, "reason", reason, "err", err)
+		w.requeue(ctx, it, RequeueUnconfirmed, err)
 		return
 	case !routed:
 		cfg.Logger.Error("dead letter returned unroutable (dead-letter queue missing?): re-declaring it and requeueing",
-			"reason", reason, "dead_letter_queue", w.c.topology.DeadLetterQueue)
+			"event_id", it.ev.ID, "reason", reason, "dead_letter_queue", w.c.topology.DeadLetterQueue)
+		cfg.Observer.Count(CounterDeadLetterReturned, 1)
 		if err := w.dl.redeclare(w.c.topology); err != nil {
 			cfg.Logger.Error("re-declare dead-letter queue", "err", err)
 		}
-		w.requeue(d, RequeueUnroutable)
+		w.requeue(ctx, it, RequeueUnroutable, cause)
 		return
 	}
-	cfg.Logger.Warn("dead-lettered", "reason", reason, "err", msg, "message_id", d.MessageId)
 	cfg.Hook(ctx, StepBeforeAck)
 	if err := w.acker.ack([]uint64{d.DeliveryTag}); err != nil {
-		cfg.Logger.Warn("ack failed", "err", err, "outcome", guard.OutcomeDeadLettered.String())
+		cfg.Logger.Warn("ack failed", "event_id", it.ev.ID, "err", err, "outcome", guard.OutcomeDeadLettered.String())
 	}
-	cfg.OnOutcome(guard.OutcomeDeadLettered, reason)
-	if cfg.OnSettled != nil {
-		cfg.OnSettled(messageOf(d), guard.OutcomeDeadLettered, reason)
+	outcome := guard.OutcomeDeadLettered
+	if reason == ReasonPayloadConflict {
+		outcome = guard.OutcomePayloadConflict
 	}
+	w.settled(ctx, it, outcome, reason, cause)
 }
 
 // publish sends p to t's dead-letter exchange, mandatory, and reports

@@ -5,6 +5,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -122,7 +123,9 @@ func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 			fastEvents = append(fastEvents, ev)
 		}
 	}
+	began := time.Now()
 	answers := g.fast.Claim(ctx, g.scope, fastEvents)
+	g.obs.ObserveStage(ctx, StageFastClaim, len(fastEvents), time.Since(began), firstFault(answers))
 	byIndex := make(map[int]FastResult, len(uniq))
 	for k, i := range uniq {
 		a := answers[k]
@@ -202,13 +205,17 @@ func (g *Guard) processInStore(ctx context.Context, events []Event, idx, first [
 		reps = append(reps, i)
 	}
 
+	began := time.Now()
 	tx, err := g.store.Begin(ctx)
 	if err != nil {
-		return &StoreError{Op: "begin", Err: err}
+		err = &StoreError{Op: "begin", Err: err}
+		g.obs.ObserveStage(ctx, StageStoreClaim, len(reps), time.Since(began), err)
+		return err
 	}
 	defer rollback(ctx, tx)
 
 	claims, err := g.claim(ctx, tx, events, reps)
+	g.obs.ObserveStage(ctx, StageStoreClaim, len(reps), time.Since(began), err)
 	if err != nil {
 		return err
 	}
@@ -253,14 +260,20 @@ func (g *Guard) processInStore(ctx context.Context, events []Event, idx, first [
 		g.hook(ctx, StepStoreClaimed)
 	}
 
-	if err := apply(ctx, tx, claimed); err != nil {
+	began = time.Now()
+	err = apply(ctx, tx, claimed)
+	g.obs.ObserveStage(ctx, StageApply, len(claimed), time.Since(began), err)
+	if err != nil {
 		return &HandlerError{Err: err}
 	}
 	for range claimed {
 		g.hook(ctx, StepApplied)
 	}
 
-	if err := tx.Commit(ctx); err != nil {
+	began = time.Now()
+	err = tx.Commit(ctx)
+	g.obs.ObserveStage(ctx, StageCommit, len(claimed), time.Since(began), err)
+	if err != nil {
 		return &StoreError{Op: "commit", Err: err}
 	}
 	for _, i := range claimed {
@@ -305,6 +318,16 @@ func claimResult(c ClaimResult) Result {
 		return Result{Outcome: OutcomePayloadConflict, Err: ErrPayloadConflict}
 	}
 	return Result{} // inserted: processed once it commits
+}
+
+// firstFault is the first fault among the fast tier's answers, or nil.
+func firstFault(answers []FastResult) error {
+	for _, a := range answers {
+		if a.Err != nil {
+			return a.Err
+		}
+	}
+	return nil
 }
 
 func leaseList(m map[int]Lease) []Lease {

@@ -41,6 +41,8 @@ type Config struct {
 	Fast FastPath
 	// Hook, if set, is called after each Step. For tests and tracing.
 	Hook func(ctx context.Context, step Step)
+	// Observer, if set, sees how long each Stage took and how it ended.
+	Observer Observer
 	// Logger receives fast-tier faults at debug level. Defaults to a
 	// logger that discards.
 	Logger *slog.Logger
@@ -53,6 +55,7 @@ type Guard struct {
 	store Store
 	fast  FastPath
 	hook  func(context.Context, Step)
+	obs   Observer
 	log   *slog.Logger
 
 	markers *markerWriter
@@ -66,10 +69,13 @@ func New(cfg Config) (*Guard, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("guard: Store is required")
 	}
-	g := &Guard{scope: cfg.Scope, store: cfg.Store, fast: cfg.Fast, hook: cfg.Hook, log: cfg.Logger}
+	g := &Guard{scope: cfg.Scope, store: cfg.Store, fast: cfg.Fast, hook: cfg.Hook, obs: cfg.Observer, log: cfg.Logger}
 	g.markers = &markerWriter{g: g}
 	if g.hook == nil {
 		g.hook = func(context.Context, Step) {}
+	}
+	if g.obs == nil {
+		g.obs = nopObserver{}
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
@@ -112,7 +118,10 @@ func (g *Guard) release(ctx context.Context, leases []Lease) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	if err := g.fast.Release(ctx, g.scope, leases); err != nil {
+	began := time.Now()
+	err := g.fast.Release(ctx, g.scope, leases)
+	g.obs.ObserveStage(ctx, StageRelease, len(leases), time.Since(began), err)
+	if err != nil {
 		g.log.DebugContext(ctx, "release leases", "leases", len(leases), "err", err)
 	}
 }

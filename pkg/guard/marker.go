@@ -3,6 +3,7 @@ package guard
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // maxPendingMarkers bounds the done markers waiting to be written. Past it
@@ -51,7 +52,10 @@ func (w *markerWriter) run(idle chan struct{}) {
 		w.mu.Unlock()
 		// The fast tier bounds the call with its own timeout.
 		ctx := context.Background()
-		if err := w.g.fast.MarkDone(ctx, w.g.scope, batch); err != nil {
+		began := time.Now()
+		err := w.g.fast.MarkDone(ctx, w.g.scope, batch)
+		w.g.obs.ObserveStage(ctx, StageMarkDone, len(batch), time.Since(began), err)
+		if err != nil {
 			w.g.log.DebugContext(ctx, "mark done", "events", len(batch), "err", err)
 		}
 		for range batch {

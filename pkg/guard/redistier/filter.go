@@ -230,3 +230,50 @@ func randomHex(n int) string {
 	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
 	return hex.EncodeToString(b)
 }
+
+// Marker is what the fast tier holds for one event, for operators.
+type Marker struct {
+	// State is FastAcquired for a pending lease (some consumer holds it),
+	// FastDone for a done marker, FastSkipped when there is no key.
+	State guard.FastState
+	// Hash is the committed payload hash of a done marker.
+	Hash []byte
+	// TTL is how long the key has left to live.
+	TTL time.Duration
+}
+
+// Inspect reads the key of one event, without the breaker: for tools, not
+// for the event path.
+func (f *Filter) Inspect(ctx context.Context, scope, id string) (Marker, error) {
+	ctx, cancel := context.WithTimeout(ctx, max(f.cfg.Timeout, time.Second))
+	defer cancel()
+	key := f.Key(scope, id)
+	var get *redis.StringCmd
+	var ttl *redis.DurationCmd
+	_, err := f.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		get = p.Get(ctx, key)
+		ttl = p.PTTL(ctx, key)
+		return nil
+	})
+	v, gerr := get.Result()
+	switch {
+	case errors.Is(gerr, redis.Nil):
+		return Marker{State: guard.FastSkipped}, nil
+	case err != nil:
+		return Marker{}, fmt.Errorf("redistier: inspect %q: %w", key, err)
+	}
+	m := Marker{TTL: ttl.Val()}
+	switch {
+	case strings.HasPrefix(v, donePrefix):
+		m.State = guard.FastDone
+		m.Hash, err = hex.DecodeString(v[len(donePrefix):])
+		if err != nil {
+			return Marker{}, fmt.Errorf("redistier: inspect %q: bad done marker %q", key, v)
+		}
+	case strings.HasPrefix(v, pendingPrefix):
+		m.State = guard.FastAcquired
+	default:
+		return Marker{}, fmt.Errorf("redistier: inspect %q: unexpected value %q", key, v)
+	}
+	return m, nil
+}

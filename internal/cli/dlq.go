@@ -1,0 +1,366 @@
+package cli
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/internal/config"
+	"github.com/idemhq/idem/internal/dlq"
+	"github.com/idemhq/idem/internal/payments"
+	"github.com/idemhq/idem/pkg/consumer"
+)
+
+var dlqCommands = []command{
+	{"list", "count the dead letters by reason, with the oldest and newest", runDLQList},
+	{"show", "print dead letters: reason, error, attempts, headers, body", runDLQShow},
+	{"replay", "move dead letters back to the work queue with a fresh attempt budget", runDLQReplay},
+	{"purge", "delete dead letters", runDLQPurge},
+}
+
+func runDLQ(ctx context.Context, e *env, args []string) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		w := e.stdout
+		if len(args) == 0 {
+			w = e.stderr
+		}
+		fmt.Fprint(w, `Usage: idem dlq <command> [flags]
+
+Works on the dead-letter queue of the configured queue (<queue>.dlq). Every
+command reads the messages there when it starts and leaves the others in
+place; a message leaves the queue only once its command is done with it.
+
+Commands:
+`)
+		for _, c := range dlqCommands {
+			fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+		}
+		fmt.Fprint(w, "\n'idem dlq <command> -h' shows a command's flags.\n")
+		if len(args) == 0 {
+			return ErrUsage
+		}
+		return nil
+	}
+	for _, c := range dlqCommands {
+		if c.name == args[0] {
+			return c.run(ctx, e, args[1:])
+		}
+	}
+	fmt.Fprintf(e.stderr, "idem dlq: unknown command %q (want list, show, replay or purge)\n", args[0])
+	return ErrUsage
+}
+
+// dlqFilter selects dead letters by reason and event ID.
+type dlqFilter struct {
+	reason, event string
+}
+
+func (f *dlqFilter) flags(fs *flag.FlagSet) {
+	fs.StringVar(&f.reason, "reason", "", "only dead letters with this `reason` (see 'idem dlq list')")
+	fs.StringVar(&f.event, "event", "", "only dead letters of this event `id` (the body's eventId, else the message ID)")
+}
+
+func (f dlqFilter) match(m dlq.Message) bool {
+	return (f.reason == "" || m.Reason == f.reason) && (f.event == "" || eventIDOf(m) == f.event)
+}
+
+// eventIDOf is the event ID in a dead letter's body, else its message ID.
+func eventIDOf(m dlq.Message) string {
+	if ev, _, err := (payments.Handler{}).Decode(messageOf(m)); err == nil {
+		return ev.ID
+	}
+	return m.D.MessageId
+}
+
+func messageOf(m dlq.Message) consumer.Message {
+	d := m.D
+	return consumer.Message{ID: d.MessageId, Timestamp: d.Timestamp, ContentType: d.ContentType, Headers: d.Headers, Body: d.Body}
+}
+
+// openDLQ reads the config and connects to the broker.
+func (e *env) openDLQ(path string) (config.Config, *dlq.Queue, error) {
+	cfg, _, err := e.loadConfig(path)
+	if err != nil {
+		return cfg, nil, err
+	}
+	q, err := dlq.Open(cfg.AMQPURL, cfg.Queue)
+	if err != nil {
+		return cfg, nil, fmt.Errorf("amqp_url: %w", err)
+	}
+	return cfg, q, nil
+}
+
+func runDLQList(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "dlq list", "Counts the dead letters by reason, with the age of the oldest and newest\n(since they were dead-lettered).")
+	path := fs.String("config", "", "YAML config `file`")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	_, q, err := e.openDLQ(*path)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	type group struct {
+		n              int
+		oldest, newest time.Time
+	}
+	groups := map[string]*group{}
+	n, err := q.Walk(ctx, func(m dlq.Message) (dlq.Verdict, error) {
+		g := groups[m.Reason]
+		if g == nil {
+			g = &group{}
+			groups[m.Reason] = g
+		}
+		g.n++
+		if t := m.DeadLetteredAt; !t.IsZero() {
+			if g.oldest.IsZero() || t.Before(g.oldest) {
+				g.oldest = t
+			}
+			if t.After(g.newest) {
+				g.newest = t
+			}
+		}
+		return dlq.Keep, nil
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "%s: %d dead letters\n", q.DLQ, n)
+	if n == 0 {
+		return nil
+	}
+	now := time.Now()
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "REASON\tCOUNT\tOLDEST\tNEWEST\t")
+	reasons := slices.Sorted(maps.Keys(groups))
+	sort.SliceStable(reasons, func(i, j int) bool { return groups[reasons[i]].n > groups[reasons[j]].n })
+	for _, r := range reasons {
+		g := groups[r]
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t\n", r, g.n, age(now, g.oldest), age(now, g.newest))
+	}
+	return tw.Flush()
+}
+
+// age prints how long ago t was, rounded for reading; "?" if unknown.
+func age(now, t time.Time) string {
+	if t.IsZero() {
+		return "?"
+	}
+	d := now.Sub(t)
+	switch {
+	case d < time.Minute:
+		return d.Round(time.Second).String()
+	case d < 48*time.Hour:
+		return d.Round(time.Minute).String()
+	}
+	return fmt.Sprintf("%dd", int(d/(24*time.Hour)))
+}
+
+func runDLQShow(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "dlq show", `Prints dead letters, oldest first: reason, error, attempts, replays,
+headers and body. For a payload conflict it also prints when the original
+was processed and both payload hashes.`)
+	path := fs.String("config", "", "YAML config `file`")
+	var f dlqFilter
+	f.flags(fs)
+	limit := fs.Int("n", 10, "print at most `N` dead letters")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *limit < 1 {
+		return fmt.Errorf("dlq show: -n must be at least 1, got %d", *limit)
+	}
+	cfg, q, err := e.openDLQ(*path)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	shown := 0
+	var conflicts []dlq.Message
+	_, err = q.Walk(ctx, func(m dlq.Message) (dlq.Verdict, error) {
+		if !f.match(m) {
+			return dlq.Keep, nil
+		}
+		shown++
+		if m.Reason == consumer.ReasonPayloadConflict {
+			conflicts = append(conflicts, m)
+		}
+		printDeadLetter(e.stdout, shown, m, time.Now())
+		if shown >= *limit {
+			return dlq.Stop, nil
+		}
+		return dlq.Keep, nil
+	})
+	if err != nil {
+		return err
+	}
+	if shown == 0 {
+		fmt.Fprintf(e.stdout, "%s: no dead letter matches\n", q.DLQ)
+	}
+	if len(conflicts) > 0 {
+		return e.showConflicts(ctx, cfg, conflicts)
+	}
+	return nil
+}
+
+func printDeadLetter(w io.Writer, n int, m dlq.Message, now time.Time) {
+	d := m.D
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "--- dead letter %d\n", n)
+	fmt.Fprintf(tw, "event_id:\t%s\n", eventIDOf(m))
+	fmt.Fprintf(tw, "message_id:\t%s\n", d.MessageId)
+	fmt.Fprintf(tw, "reason:\t%s\n", m.Reason)
+	fmt.Fprintf(tw, "error:\t%s\n", m.Error)
+	fmt.Fprintf(tw, "queue:\t%s\n", m.Queue)
+	fmt.Fprintf(tw, "attempts:\t%d\n", m.Attempts)
+	fmt.Fprintf(tw, "replays:\t%d\n", m.Replays)
+	if !m.DeadLetteredAt.IsZero() {
+		fmt.Fprintf(tw, "dead-lettered:\t%s (%s ago)\n", m.DeadLetteredAt.UTC().Format(time.RFC3339), age(now, m.DeadLetteredAt))
+	}
+	if !d.Timestamp.IsZero() {
+		fmt.Fprintf(tw, "timestamp:\t%s\n", d.Timestamp.UTC().Format(time.RFC3339))
+	}
+	for _, k := range slices.Sorted(maps.Keys(d.Headers)) {
+		fmt.Fprintf(tw, "header %s:\t%v\n", k, d.Headers[k])
+	}
+	fmt.Fprintf(tw, "body:\t%s\n", printable(d.Body))
+	_ = tw.Flush()
+}
+
+// printable quotes a body that is not plain text.
+func printable(b []byte) string {
+	s := string(b)
+	if strings.ToValidUTF8(s, "\uFFFD") != s || strings.ContainsFunc(s, func(r rune) bool { return r < ' ' && r != '\t' }) {
+		return fmt.Sprintf("%q", s)
+	}
+	return s
+}
+
+// showConflicts prints, for each payload conflict, the dedup row it
+// collided with: when the original was processed and both hashes.
+func (e *env) showConflicts(ctx context.Context, cfg config.Config, ms []dlq.Message) error {
+	pool, err := openPool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	fmt.Fprintln(e.stdout, "--- payload conflicts: the dedup rows they collided with")
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "EVENT_ID\tORIGINAL PROCESSED AT\tORIGINAL HASH\tDEAD LETTER'S HASH")
+	for _, m := range ms {
+		ev, _, err := (payments.Handler{}).Decode(messageOf(m))
+		if err != nil {
+			fmt.Fprintf(tw, "%s\t(undecodable: %v)\t\t\n", m.D.MessageId, err)
+			continue
+		}
+		var at time.Time
+		var hash []byte
+		err = pool.QueryRow(ctx, `SELECT processed_at, payload_hash FROM idem_processed WHERE scope = $1 AND event_id = $2`,
+			cfg.Scope, ev.ID).Scan(&at, &hash)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			fmt.Fprintf(tw, "%s\t(no dedup row: pruned?)\t\t%s\n", ev.ID, hex.EncodeToString(ev.Hash))
+		case err != nil:
+			return fmt.Errorf("database: %w", err)
+		default:
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", ev.ID, at.UTC().Format(time.RFC3339Nano), hex.EncodeToString(hash), hex.EncodeToString(ev.Hash))
+		}
+	}
+	return tw.Flush()
+}
+
+func runDLQReplay(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "dlq replay", `Moves dead letters back to the work queue, oldest first, each with its
+body, message ID, original timestamp (the event's time) and a fresh attempt
+budget, and x-idem-replays counting its replays. Each leaves the dead-letter
+queue only after the broker confirmed its re-publish. Only the dead letters
+present when the command starts are replayed, so a replay that fails again
+lands in the dead-letter queue once, not in a loop. The guard still decides:
+replaying an event that was processed is a harmless duplicate. Say which:
+--reason, --event or --all.`)
+	path := fs.String("config", "", "YAML config `file`")
+	var f dlqFilter
+	f.flags(fs)
+	all := fs.Bool("all", false, "replay every dead letter")
+	dry := fs.Bool("dry-run", false, "print what would be replayed, move nothing")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if !*all && f.reason == "" && f.event == "" {
+		return errors.New("dlq replay: say which dead letters: --reason R, --event ID, or --all")
+	}
+	_, q, err := e.openDLQ(*path)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	r, err := q.Replayer()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	verb := "replayed"
+	if *dry {
+		verb = "would replay"
+	}
+	replayed, kept := 0, 0
+	_, err = q.Walk(ctx, func(m dlq.Message) (dlq.Verdict, error) {
+		if !f.match(m) {
+			kept++
+			return dlq.Keep, nil
+		}
+		if !*dry {
+			if err := r.Replay(ctx, m); err != nil {
+				return dlq.Stop, fmt.Errorf("event %s: %w (it stays in %s)", eventIDOf(m), err, q.DLQ)
+			}
+		}
+		replayed++
+		fmt.Fprintf(e.stdout, "%s %s (reason %s, replays before: %d)\n", verb, eventIDOf(m), m.Reason, m.Replays)
+		if *dry {
+			return dlq.Keep, nil
+		}
+		return dlq.Remove, nil
+	})
+	fmt.Fprintf(e.stdout, "%s %d dead letters to %s; %d others left in %s\n", verb, replayed, q.Work, kept, q.DLQ)
+	return err
+}
+
+func runDLQPurge(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "dlq purge", "Deletes dead letters for good: those with --reason, or every one. Needs --yes.")
+	path := fs.String("config", "", "YAML config `file`")
+	reason := fs.String("reason", "", "only dead letters with this `reason`")
+	yes := fs.Bool("yes", false, "really delete them")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if !*yes {
+		return errors.New("dlq purge: deleting dead letters cannot be undone; add --yes (see them first with 'idem dlq show')")
+	}
+	_, q, err := e.openDLQ(*path)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	purged := 0
+	_, err = q.Walk(ctx, func(m dlq.Message) (dlq.Verdict, error) {
+		if *reason != "" && m.Reason != *reason {
+			return dlq.Keep, nil
+		}
+		purged++
+		return dlq.Remove, nil
+	})
+	fmt.Fprintf(e.stdout, "purged %d dead letters from %s\n", purged, q.DLQ)
+	return err
+}

@@ -1,0 +1,127 @@
+package cli
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/pkg/guard/redistier"
+)
+
+func runInspect(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "inspect <eventId>", `Shows, for one event ID in the configured scope, what each tier holds: the
+Redis key (pending lease or done marker, payload hash, time to live), the
+dedup row (when it was processed, payload hash) and the reference handler's
+effect (ledger rows and the user's balance).`)
+	path := fs.String("config", "", "YAML config `file`")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errHelp
+		}
+		return ErrUsage
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(e.stderr, "Usage: idem inspect [--config F] <eventId>")
+		return ErrUsage
+	}
+	id := fs.Arg(0)
+	if err := guard.ValidateID(id); err != nil {
+		return fmt.Errorf("inspect: %w", err)
+	}
+	cfg, _, pool, err := e.loadDB(ctx, *path)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	defer tw.Flush()
+	fmt.Fprintf(tw, "event:\t%s (scope %s)\n", id, cfg.Scope)
+
+	// Redis.
+	if !cfg.Redis.Enabled {
+		fmt.Fprintln(tw, "redis:\tnot in use (redis.enabled is false)")
+	} else {
+		rdb, err := openRedis(cfg)
+		if err != nil {
+			return err
+		}
+		defer rdb.Close()
+		f, err := redistier.New(rdb, redistier.Config{Prefix: cfg.Redis.Prefix})
+		if err != nil {
+			return err
+		}
+		key := f.Key(cfg.Scope, id)
+		m, err := f.Inspect(ctx, cfg.Scope, id)
+		switch {
+		case err != nil:
+			fmt.Fprintf(tw, "redis %s:\tunreachable: %v\n", key, err)
+		case m.State == guard.FastDone:
+			fmt.Fprintf(tw, "redis %s:\tdone, payload hash %s, expires in %s\n", key, hex.EncodeToString(m.Hash), m.TTL.Round(time.Second))
+		case m.State == guard.FastAcquired:
+			fmt.Fprintf(tw, "redis %s:\tpending: a consumer holds the lease, expires in %s\n", key, m.TTL.Round(time.Millisecond))
+		default:
+			fmt.Fprintf(tw, "redis %s:\tno key (never seen, expired, evicted or flushed)\n", key)
+		}
+	}
+
+	// The dedup row.
+	var at time.Time
+	var hash []byte
+	err = pool.QueryRow(ctx, `SELECT processed_at, payload_hash FROM idem_processed WHERE scope = $1 AND event_id = $2`, cfg.Scope, id).Scan(&at, &hash)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		fmt.Fprintln(tw, "dedup row:\tnone: not processed (or pruned past postgres.retention)")
+	case err != nil:
+		return fmt.Errorf("database: %w", err)
+	default:
+		fmt.Fprintf(tw, "dedup row:\tprocessed %s (%s ago), payload hash %s\n", at.UTC().Format(time.RFC3339Nano), time.Since(at).Round(time.Second), hex.EncodeToString(hash))
+	}
+
+	// The reference handler's effect.
+	rows, err := pool.Query(ctx, `SELECT user_id, amount, applied_at FROM payments_ledger WHERE event_id = $1 ORDER BY id`, id)
+	if err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	var users []string
+	n := 0
+	for rows.Next() {
+		var user string
+		var amount int64
+		var applied time.Time
+		if err := rows.Scan(&user, &amount, &applied); err != nil {
+			return fmt.Errorf("database: %w", err)
+		}
+		n++
+		users = append(users, user)
+		fmt.Fprintf(tw, "ledger row %d:\tuser %s, amount %d, applied %s\n", n, user, amount, applied.UTC().Format(time.RFC3339Nano))
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	if len(users) > 0 {
+		var balance int64
+		if err := pool.QueryRow(ctx, `SELECT balance FROM account_balances WHERE user_id = $1`, users[0]).Scan(&balance); err == nil {
+			fmt.Fprintf(tw, "balance of %s:\t%d\n", users[0], balance)
+		}
+	}
+	switch {
+	case n == 0 && hash == nil:
+		fmt.Fprintln(tw, "verdict:\tnot processed")
+	case n == 1 && hash != nil:
+		fmt.Fprintln(tw, "verdict:\tprocessed once")
+	case n > 1:
+		fmt.Fprintf(tw, "verdict:\tAPPLIED %d TIMES\n", n)
+	case n == 0:
+		fmt.Fprintln(tw, "verdict:\tdedup row without a ledger row (another handler's event, or the ledger was changed)")
+	default:
+		fmt.Fprintln(tw, "verdict:\tledger row without a dedup row (the row was pruned)")
+	}
+	return nil
+}
