@@ -232,12 +232,19 @@ func printDeadLetter(w io.Writer, n int, m dlq.Message, now time.Time) {
 	if !d.Timestamp.IsZero() {
 		fmt.Fprintf(tw, "timestamp:\t%s\n", d.Timestamp.UTC().Format(time.RFC3339))
 	}
-	for _, k := range slices.Sorted(maps.Keys(d.Headers)) {
-		fmt.Fprintf(tw, "header %s:\t%v\n", k, d.Headers[k])
-	}
 	fmt.Fprintf(tw, "body:\t%s\n", printable(d.Body))
 	_ = tw.Flush()
+	// The producer's headers, and the broker's x-death; not those printed
+	// above, nor x-delivery-count, which counts this queue's reads.
+	for _, k := range slices.Sorted(maps.Keys(d.Headers)) {
+		if !slices.Contains(shownHeaders, k) {
+			fmt.Fprintf(w, "header %s: %v\n", k, d.Headers[k])
+		}
+	}
 }
+
+var shownHeaders = []string{consumer.HeaderReason, consumer.HeaderError, consumer.HeaderQueue, consumer.HeaderDeliveryCount,
+	consumer.HeaderDeadLetteredAt, consumer.HeaderDeadLetterID, dlq.HeaderReplays, "x-delivery-count"}
 
 // printable quotes a body that is not plain text.
 func printable(b []byte) string {
@@ -317,6 +324,9 @@ replaying an event that was processed is a harmless duplicate. Say which:
 	}
 	replayed, kept := 0, 0
 	_, err = q.Walk(ctx, func(m dlq.Message) (dlq.Verdict, error) {
+		if r.Ours(m) {
+			return dlq.Stop, nil // a replay of this run came back: the snapshot is done
+		}
 		if !f.match(m) {
 			kept++
 			return dlq.Keep, nil

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -248,6 +249,14 @@ func Publishing(m Message) amqp.Publishing {
 // ErrNotRouted means the broker had no queue for a replay: the work queue
 // does not exist.
 var ErrNotRouted = errors.New("the broker routed the replay to no queue (does the work queue exist?)")
+
+// Ours reports whether m is a replay this Replayer published: it failed
+// again and came back while the replay still runs. Replaying it again would
+// be a loop.
+func (r *Replayer) Ours(m Message) bool {
+	id, _ := m.D.Headers[HeaderReplayID].(string)
+	return strings.HasPrefix(id, r.run+"-")
+}
 
 // Replay publishes m onto the work queue, mandatory, and returns once the
 // broker confirmed it: only then may m leave the dead-letter queue.

@@ -1,0 +1,51 @@
+package dlq
+
+import (
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/pkg/consumer"
+)
+
+func TestParseReadsTheConsumersHeadersAndTheBrokers(t *testing.T) {
+	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	m := Parse(amqp.Delivery{Headers: amqp.Table{
+		consumer.HeaderReason: "handler_failed", consumer.HeaderError: "boom", consumer.HeaderQueue: "q",
+		consumer.HeaderDeliveryCount: int64(5), consumer.HeaderDeadLetteredAt: at, HeaderReplays: int64(2),
+	}})
+	require.Equal(t, Message{D: m.D, Reason: "handler_failed", Error: "boom", Queue: "q", Attempts: 5, Replays: 2, DeadLetteredAt: at}, m)
+
+	// The broker's own dead letter: x-delivery-limit reached.
+	m = Parse(amqp.Delivery{Headers: amqp.Table{
+		"x-delivery-count": int64(20),
+		"x-death":          []any{amqp.Table{"reason": "delivery_limit", "queue": "q", "time": at, "count": int64(1)}},
+	}})
+	require.Equal(t, consumer.ReasonDeliveryLimit, m.Reason)
+	require.Equal(t, "q", m.Queue)
+	require.Equal(t, at, m.DeadLetteredAt)
+	require.Equal(t, int64(20), m.Attempts)
+
+	require.Equal(t, "unknown", Parse(amqp.Delivery{}).Reason)
+}
+
+func TestPublishingKeepsTheEventAndDropsTheDiagnosis(t *testing.T) {
+	ts := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	d := amqp.Delivery{
+		MessageId: "m1", ContentType: "application/json", Timestamp: ts, Body: []byte(`{"eventId":"e"}`),
+		Headers: amqp.Table{
+			"trace-id": "abc", consumer.HeaderReason: "handler_failed", consumer.HeaderError: "boom",
+			consumer.HeaderDeliveryCount: int64(5), "x-delivery-count": int64(3), HeaderReplays: int64(1),
+			"x-death": []any{amqp.Table{"reason": "delivery_limit"}}, HeaderReplayID: "old-1",
+		},
+	}
+	p := Publishing(Parse(d))
+	require.Equal(t, amqp.Table{"trace-id": "abc", HeaderReplays: int64(2)}, p.Headers,
+		"the producer's headers stay; the budget and the diagnosis start over")
+	require.Equal(t, ts, p.Timestamp, "the event's time travels with the replay")
+	require.Equal(t, "m1", p.MessageId)
+	require.Equal(t, d.Body, p.Body)
+	require.Equal(t, amqp.Persistent, p.DeliveryMode)
+}

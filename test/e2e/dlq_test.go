@@ -1,0 +1,176 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/testenv"
+)
+
+// TestDeadLetterTools runs idem dlq list, show, replay and purge, and idem
+// inspect, against a real broker and a running consumer: a replayed event
+// lands exactly once, a replay that fails again lands in the dead-letter
+// queue once (not in a loop), replaying a processed event is a harmless
+// duplicate, and purge deletes only what it is told to.
+func TestDeadLetterTools(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", "")
+	e.vars = append(e.vars, "IDEM_CONSUMER_DELIVERY_LIMIT=2", "IDEM_LOG_FORMAT=json", "IDEM_LOG_LEVEL=debug")
+	e.poisonLedger()
+	c0 := e.consume("c0")
+	pay := func(id, user, amount string) amqp.Publishing {
+		return body(`{"eventId":"` + id + `","userId":"` + user + `","type":"PAYMENT_COMPLETED","amount":` + amount + `}`)
+	}
+	dlqName := e.queue + ".dlq"
+	dlqDepth := func() int { return testenv.QueueDepth(t, e.amqpURL, dlqName) }
+	waitDLQ := func(n int) {
+		t.Helper()
+		require.Eventually(t, func() bool { return dlqDepth() == n }, 60*time.Second, 20*time.Millisecond, "the DLQ never held %d", n)
+	}
+	ok := func(args ...string) string {
+		t.Helper()
+		r := e.run(nil, args...)
+		require.Zero(t, r.code, "idem %v:\n%s", args, r.out)
+		return r.out
+	}
+	fails := func(args ...string) string {
+		t.Helper()
+		r := e.run(nil, args...)
+		require.Equal(t, 1, r.code, "idem %v:\n%s", args, r.out)
+		return r.out
+	}
+
+	e.publishRaw(pay("evt_a", "user_1", "100"))
+	e.waitRows(1)
+	e.publishRaw(
+		body(`{"eventId":`),                 // invalid_json
+		pay("evt_a", "user_1", "999"),       // payload_conflict
+		pay("evt_p", "user_poison", "7"),    // handler_failed, twice
+		pay("evt_late", "user_poison", "5"), // handler_failed
+	)
+	waitDLQ(4)
+
+	// list: counts by reason, with ages.
+	out := ok("dlq", "list")
+	require.Contains(t, out, dlqName+": 4 dead letters")
+	require.Regexp(t, `handler_failed\s+2\s+\d+s\s+\d+s`, out)
+	require.Regexp(t, `invalid_json\s+1\s`, out)
+	require.Regexp(t, `payload_conflict\s+1\s`, out)
+
+	// show: one event's dead letter, and a conflict with both hashes.
+	out = ok("dlq", "show", "--event", "evt_p")
+	require.Regexp(t, `reason:\s+handler_failed\n`, out)
+	require.Regexp(t, `attempts:\s+2\n`, out)
+	require.Contains(t, out, "poisoned payment")
+	require.Contains(t, out, `"eventId":"evt_p"`)
+	require.NotContains(t, out, "evt_late")
+	out = ok("dlq", "show", "--reason", "payload_conflict")
+	require.Contains(t, out, "ORIGINAL PROCESSED AT")
+	require.Regexp(t, `evt_a\s+\d{4}-\d\d-\d\dT\S+\s+[0-9a-f]{64}\s+[0-9a-f]{64}`, out)
+	hashes := regexp.MustCompile(`([0-9a-f]{64})\s+([0-9a-f]{64})`).FindStringSubmatch(out)
+	require.NotEqual(t, hashes[1], hashes[2], "the two payloads differ")
+	require.Equal(t, 4, dlqDepth(), "show moves nothing")
+
+	// replay: refuses without a selector; a dry run moves nothing.
+	require.Contains(t, fails("dlq", "replay"), "--reason R, --event ID, or --all")
+	out = ok("dlq", "replay", "--reason", "handler_failed", "--dry-run")
+	require.Contains(t, out, "would replay evt_p")
+	require.Contains(t, out, "would replay 2 dead letters")
+	require.Equal(t, 4, dlqDepth())
+
+	// The handler is fixed: the replayed events are applied, once each.
+	_, err := e.pool.Exec(context.Background(), `DROP TRIGGER poison ON payments_ledger`)
+	require.NoError(t, err)
+	out = ok("dlq", "replay", "--reason", "handler_failed")
+	require.Contains(t, out, "replayed 2 dead letters to "+e.queue+"; 2 others left")
+	e.waitRows(3)
+	waitDLQ(2)
+
+	// A replay that fails again comes back once, counted, not in a loop.
+	ok("dlq", "replay", "--reason", "invalid_json")
+	waitDLQ(2)
+	out = ok("dlq", "show", "--reason", "invalid_json")
+	require.Regexp(t, `replays:\s+1\n`, out)
+	require.Contains(t, ok("dlq", "list"), ": 2 dead letters")
+
+	// A dead letter whose event was processed meanwhile: the replay is a
+	// duplicate, the ledger unchanged.
+	ch := e.channel()
+	require.NoError(t, ch.PublishWithContext(context.Background(), "", dlqName, false, false,
+		amqp.Publishing{Body: pay("evt_p", "user_poison", "7").Body, Timestamp: time.Now(), DeliveryMode: amqp.Persistent}))
+	waitDLQ(3)
+	out = ok("dlq", "replay", "--event", "evt_p")
+	require.Contains(t, out, "replayed 1 dead letters")
+	waitDLQ(2)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, e.amqpURL, e.queue) == 0 }, 30*time.Second, 20*time.Millisecond)
+
+	// inspect shows each tier for one event.
+	out = ok("inspect", "evt_p")
+	require.Regexp(t, `verdict:\s+processed once`, out)
+	require.Regexp(t, `redis \S+:evt_p:\s+done, payload hash [0-9a-f]{64}`, out)
+	require.Contains(t, out, "user user_poison, amount 7")
+
+	// purge: refuses without --yes; deletes only the reason it is given.
+	require.Contains(t, fails("dlq", "purge"), "add --yes")
+	require.Contains(t, ok("dlq", "purge", "--reason", "invalid_json", "--yes"), "purged 1 dead letters")
+	require.Equal(t, 1, dlqDepth())
+	require.Regexp(t, `reason:\s+payload_conflict\n`, ok("dlq", "show"))
+	require.Contains(t, ok("dlq", "purge", "--yes"), "purged 1 dead letters")
+	require.Equal(t, 0, dlqDepth())
+
+	stats := e.stopAll()
+	e.requireLedger(map[string]int{"evt_a": 1, "evt_p": 1, "evt_late": 1})
+	requireEventLogLines(t, c0.LogPath, 12)
+	require.Positive(t, stats["duplicate_redis"]+stats["duplicate_postgres"], "the replay of a processed event is a duplicate: %v", stats)
+}
+
+// requireLedger checks how many ledger rows each event has, and that there
+// are no others.
+func (e *env) requireLedger(want map[string]int) {
+	e.t.Helper()
+	rows, err := e.pool.Query(context.Background(), `SELECT event_id, count(*) FROM payments_ledger GROUP BY event_id`)
+	require.NoError(e.t, err)
+	got := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		require.NoError(e.t, rows.Scan(&id, &n))
+		got[id] = n
+	}
+	require.NoError(e.t, rows.Err())
+	require.Equal(e.t, want, got)
+}
+
+// requireEventLogLines checks a JSON log: every line parses, and every line
+// about one event (settled, requeued, dead-lettered, a conflict) carries
+// event_id, scope, outcome and reason; at least n such lines.
+func requireEventLogLines(t *testing.T, path string, n int) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	perEvent := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &rec), "not JSON: %s", line)
+		if _, ok := rec["outcome"]; !ok {
+			continue
+		}
+		perEvent++
+		for _, k := range []string{"event_id", "scope", "outcome", "reason"} {
+			require.Contains(t, rec, k, line)
+		}
+		require.Equal(t, "payments", rec["scope"], line)
+		if rec["reason"] != "invalid_json" {
+			require.NotEmpty(t, rec["event_id"], line)
+		}
+	}
+	require.GreaterOrEqual(t, perEvent, n)
+}
