@@ -49,8 +49,8 @@ func (c Config) Validate() error {
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return bad("log_format", "%q is not a format; want text or json", c.LogFormat)
 	}
-	if c.Postgres.PruneInterval != 0 && (c.Postgres.PruneInterval < time.Minute || c.Postgres.PruneInterval > 24*time.Hour) {
-		return bad("postgres.prune_interval", "%s is out of range; want 0 (off) or 1m to 1d", c.Postgres.PruneInterval)
+	if c.Postgres.PruneInterval != 0 && (c.Postgres.PruneInterval < time.Second || c.Postgres.PruneInterval > 24*time.Hour) {
+		return bad("postgres.prune_interval", "%s is out of range; want 0 (off) or 1s to 1d", c.Postgres.PruneInterval)
 	}
 	ints := []struct {
 		field  string

@@ -121,6 +121,10 @@ func (w *worker[T]) settled(ctx context.Context, it item[T], o guard.Outcome, re
 	switch o {
 	case guard.OutcomeRetry:
 		level, msg = slog.LevelWarn, "requeued"
+		if reason == RequeueShutdown {
+			// Expected on every drain that outlasts in-flight work.
+			level, err = slog.LevelInfo, nil
+		}
 	case guard.OutcomeDeadLettered:
 		level, msg = slog.LevelWarn, "dead-lettered"
 	case guard.OutcomePayloadConflict:

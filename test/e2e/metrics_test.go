@@ -28,14 +28,23 @@ type scrape map[string]*dto.MetricFamily
 // scrapeMetrics reads and parses http://addr/metrics.
 func scrapeMetrics(t *testing.T, addr string) scrape {
 	t.Helper()
+	s, err := tryScrape(addr)
+	require.NoError(t, err)
+	return s
+}
+
+// tryScrape is scrapeMetrics for a consumer that may not serve yet.
+func tryScrape(addr string) (scrape, error) {
 	resp, err := http.Get("http://" + addr + "/metrics")
-	require.NoError(t, err)
+	if err != nil {
+		return nil, err
+	}
 	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("/metrics: %s", resp.Status)
+	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	require.NoError(t, err)
-	return fams
+	return parser.TextToMetricFamilies(resp.Body)
 }
 
 // value sums the series of family name whose labels include labels (pairs
@@ -309,5 +318,35 @@ func TestReadyzFollowsPostgres(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, "the process is alive: liveness must not follow Postgres")
 	pg.Start()
 	readyz(http.StatusOK)
+	e.stopAll()
+}
+
+// TestConsumersPruneOnInterval: with postgres.prune_interval set, a consumer
+// deletes dedup rows past retention + clock skew, counts them, and keeps
+// the others.
+func TestConsumersPruneOnInterval(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", "")
+	_, err := e.pool.Exec(context.Background(), `INSERT INTO idem_processed (scope, event_id, payload_hash, processed_at)
+		SELECT 'payments', 'evt_old_' || i, '\x00'::bytea, now() - interval '2 hours' FROM generate_series(1, 5) i
+		UNION ALL SELECT 'payments', 'evt_recent', '\x00'::bytea, now() - interval '10 minutes'`)
+	require.NoError(t, err)
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	e.consume("c0", "IDEM_METRICS_ADDR="+addr, "IDEM_POSTGRES_PRUNE_INTERVAL=1s", "IDEM_POSTGRES_RETENTION=1h",
+		"IDEM_REDIS_DONE_TTL=30m", "IDEM_CONSUMER_CLOCK_SKEW=5m")
+	require.Eventually(t, func() bool {
+		s, err := tryScrape(addr)
+		return err == nil && s.value("idem_retention_rows_pruned_total") == 5
+	}, 60*time.Second, 50*time.Millisecond)
+	var left []string
+	rows, err := e.pool.Query(context.Background(), `SELECT event_id FROM idem_processed`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		left = append(left, id)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"evt_recent"}, left, "only rows past retention + skew go")
 	e.stopAll()
 }
