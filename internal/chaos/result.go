@@ -152,6 +152,7 @@ func (res *Result) Print(w io.Writer) {
 		row("  "+k, res.Requeued[k])
 	}
 	row("retried in place (Postgres unreachable)", res.Outcomes["count/"+consumer.CounterStoreRetry])
+	row("reconnects to RabbitMQ", res.Outcomes["count/"+consumer.CounterReconnect])
 	row("dead-lettered", res.Outcomes[guard.OutcomeDeadLettered.String()])
 	for _, k := range slices.Sorted(maps.Keys(res.DeadLettered)) {
 		row("  "+k, res.DeadLettered[k])

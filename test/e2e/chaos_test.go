@@ -14,6 +14,7 @@ import (
 	"github.com/idemhq/idem/internal/chaos"
 	"github.com/idemhq/idem/internal/crashpoint"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/pkg/consumer"
 )
 
 // TestChaosCI runs `idem chaos` with the CI scenario: 4 consumers, 40
@@ -57,6 +58,7 @@ func TestChaosCI(t *testing.T) {
 	}
 	require.Positive(t, res.Breaker["closed->open"], "the Redis faults must have opened a breaker")
 	require.Positive(t, res.Outcomes["duplicate_postgres"], "Postgres must have caught duplicates")
+	require.Positive(t, res.Outcomes["count/"+consumer.CounterReconnect], "closed broker connections must show as reconnects")
 	require.NotEmpty(t, res.Timeline)
 	html, err := os.ReadFile(filepath.Join(dir, "chaos.html"))
 	require.NoError(t, err)

@@ -193,6 +193,7 @@ func TestDeadLetterIsNeverLost(t *testing.T) {
 	require.Equal(t, "invalid_json", letters[0].Headers[consumer.HeaderReason])
 	stats := e.stopAll()
 	require.Positive(t, stats["retry/"+consumer.RequeueUnroutable], "the dead letter was never returned: %v", stats)
+	require.Equal(t, stats["retry/"+consumer.RequeueUnroutable], stats["count/"+consumer.CounterDeadLetterReturned], "%v", stats)
 	require.Equal(t, int64(1), stats["dead_lettered"], "%v", stats)
 }
 
