@@ -10,28 +10,39 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/redistier"
 )
 
 func runInspect(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "inspect <eventId>", `Shows, for one event ID in the configured scope, what each tier holds: the
+	fs := newFlags(e, "inspect", `idem inspect [--config F] <eventId>
+
+Shows, for one event ID in the configured scope, what each tier holds: the
 Redis key (pending lease or done marker, payload hash, time to live), the
 dedup row (when it was processed, payload hash) and the reference handler's
 effect (ledger rows and the user's balance).`)
 	path := fs.String("config", "", "YAML config `file`")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return errHelp
+	// Flags may come before or after the event ID.
+	var ids []string
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return errHelp
+			}
+			return ErrUsage
 		}
-		return ErrUsage
+		if fs.NArg() == 0 {
+			break
+		}
+		ids, rest = append(ids, fs.Arg(0)), fs.Args()[1:]
 	}
-	if fs.NArg() != 1 {
+	if len(ids) != 1 {
 		fmt.Fprintln(e.stderr, "Usage: idem inspect [--config F] <eventId>")
 		return ErrUsage
 	}
-	id := fs.Arg(0)
+	id := ids[0]
 	if err := guard.ValidateID(id); err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}
@@ -79,7 +90,7 @@ effect (ledger rows and the user's balance).`)
 	case errors.Is(err, pgx.ErrNoRows):
 		fmt.Fprintln(tw, "dedup row:\tnone: not processed (or pruned past postgres.retention)")
 	case err != nil:
-		return fmt.Errorf("database: %w", err)
+		return dbErr(err)
 	default:
 		fmt.Fprintf(tw, "dedup row:\tprocessed %s (%s ago), payload hash %s\n", at.UTC().Format(time.RFC3339Nano), time.Since(at).Round(time.Second), hex.EncodeToString(hash))
 	}
@@ -87,7 +98,7 @@ effect (ledger rows and the user's balance).`)
 	// The reference handler's effect.
 	rows, err := pool.Query(ctx, `SELECT user_id, amount, applied_at FROM payments_ledger WHERE event_id = $1 ORDER BY id`, id)
 	if err != nil {
-		return fmt.Errorf("database: %w", err)
+		return dbErr(err)
 	}
 	var users []string
 	n := 0
@@ -124,4 +135,13 @@ effect (ledger rows and the user's balance).`)
 		fmt.Fprintln(tw, "verdict:\tledger row without a dedup row (the row was pruned)")
 	}
 	return nil
+}
+
+// dbErr names the setting to look at, and the likely fix for missing tables.
+func dbErr(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return fmt.Errorf("database_url: %w (no idem tables in this database and schema: run 'idem migrate', or point database_url at the consumers' schema)", err)
+	}
+	return fmt.Errorf("database: %w", err)
 }

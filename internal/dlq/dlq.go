@@ -146,7 +146,11 @@ func (q *Queue) Walk(ctx context.Context, visit func(Message) (Verdict, error)) 
 	}
 	defer ch.Close() // returns every message still unacked
 	st, err := ch.QueueDeclarePassive(q.DLQ, true, false, false, false, nil)
-	if err != nil {
+	var ae *amqp.Error
+	switch {
+	case errors.As(err, &ae) && ae.Code == amqp.NotFound:
+		return 0, fmt.Errorf("dlq: queue %q does not exist: no consumer of queue %q has run on this broker and vhost (check queue / IDEM_QUEUE and amqp_url)", q.DLQ, q.Work)
+	case err != nil:
 		return 0, fmt.Errorf("dlq: queue %q: %w", q.DLQ, err)
 	}
 	visited := 0
