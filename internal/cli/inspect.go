@@ -75,7 +75,7 @@ effect (ledger rows and the user's balance).`)
 			fmt.Fprintf(tw, "redis %s:\tunreachable: %v\n", key, err)
 		case m.State == guard.FastDone:
 			fmt.Fprintf(tw, "redis %s:\tdone, payload hash %s, expires in %s\n", key, hex.EncodeToString(m.Hash), m.TTL.Round(time.Second))
-		case m.State == guard.FastAcquired:
+		case m.State == guard.FastPending:
 			fmt.Fprintf(tw, "redis %s:\tpending: a consumer holds the lease, expires in %s\n", key, m.TTL.Round(time.Millisecond))
 		default:
 			fmt.Fprintf(tw, "redis %s:\tno key (never seen, expired, evicted or flushed)\n", key)

@@ -233,8 +233,8 @@ func randomHex(n int) string {
 
 // Marker is what the fast tier holds for one event, for operators.
 type Marker struct {
-	// State is FastAcquired for a pending lease (some consumer holds it),
-	// FastDone for a done marker, FastSkipped when there is no key.
+	// State is FastPending for a lease (some consumer holds it, or held it
+	// and crashed), FastDone for a done marker, FastSkipped for no key.
 	State guard.FastState
 	// Hash is the committed payload hash of a done marker.
 	Hash []byte
@@ -271,7 +271,7 @@ func (f *Filter) Inspect(ctx context.Context, scope, id string) (Marker, error) 
 			return Marker{}, fmt.Errorf("redistier: inspect %q: bad done marker %q", key, v)
 		}
 	case strings.HasPrefix(v, pendingPrefix):
-		m.State = guard.FastAcquired
+		m.State = guard.FastPending
 	default:
 		return Marker{}, fmt.Errorf("redistier: inspect %q: unexpected value %q", key, v)
 	}

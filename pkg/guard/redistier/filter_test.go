@@ -192,3 +192,50 @@ func TestNewRejectsUnsafeClientAndConfig(t *testing.T) {
 	_, err = redistier.New(rdb, redistier.Config{Lease: time.Microsecond})
 	require.ErrorContains(t, err, "Lease")
 }
+
+func TestInspectReadsLeaseAndMarker(t *testing.T) {
+	_, rdb := miniClient(t)
+	f := newFilter(t, rdb, redistier.Config{Lease: 5 * time.Second, DoneTTL: time.Hour})
+	ctx := context.Background()
+	m, err := f.Inspect(ctx, "svc", e1.ID)
+	require.NoError(t, err)
+	require.Equal(t, guard.FastSkipped, m.State, "no key")
+
+	require.Equal(t, guard.FastAcquired, claim(f, ctx).State)
+	m, err = f.Inspect(ctx, "svc", e1.ID)
+	require.NoError(t, err)
+	require.Equal(t, guard.FastPending, m.State)
+	require.InDelta(t, 5*time.Second, m.TTL, float64(time.Second))
+
+	require.NoError(t, f.MarkDone(ctx, "svc", []guard.Event{e1}))
+	m, err = f.Inspect(ctx, "svc", e1.ID)
+	require.NoError(t, err)
+	require.Equal(t, guard.FastDone, m.State)
+	require.Equal(t, e1.Hash, m.Hash)
+	require.InDelta(t, time.Hour, m.TTL, float64(time.Second))
+
+	require.NoError(t, rdb.Set(ctx, f.Key("svc", e1.ID), "garbage", 0).Err())
+	_, err = f.Inspect(ctx, "svc", e1.ID)
+	require.ErrorContains(t, err, "unexpected value")
+}
+
+func TestErrorKinds(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		kind string
+	}{
+		{gobreaker.ErrOpenState, redistier.KindBreakerOpen},
+		{context.DeadlineExceeded, redistier.KindTimeout},
+		{context.Canceled, redistier.KindCanceled},
+		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, redistier.KindConnection},
+		{redis.ErrClosed, redistier.KindConnection},
+		{errors.New("something else"), redistier.KindOther},
+	} {
+		require.Equal(t, c.kind, redistier.ErrorKind(c.err), "%v", c.err)
+	}
+	// A reply error from a real server.
+	_, rdb := miniClient(t)
+	err := rdb.Do(context.Background(), "NOSUCHCOMMAND").Err()
+	require.Error(t, err)
+	require.Equal(t, redistier.KindServer, redistier.ErrorKind(err))
+}
