@@ -120,7 +120,11 @@ func TestMetricsAfterAKnownStream(t *testing.T) {
 	until := func(what string, cond func(s scrape) bool) scrape {
 		t.Helper()
 		var s scrape
-		require.Eventually(t, func() bool { s = scrapeMetrics(t, addr); return cond(s) }, 60*time.Second, 20*time.Millisecond, what)
+		require.Eventually(t, func() bool {
+			var err error
+			s, err = tryScrape(addr) // the consumer may not serve yet
+			return err == nil && cond(s)
+		}, 60*time.Second, 20*time.Millisecond, what)
 		return s
 	}
 	processed := func(s scrape) float64 { return s.value("idem_deliveries_total", "outcome", "processed") }
