@@ -77,15 +77,10 @@ func (f dlqFilter) match(m dlq.Message) bool {
 
 // eventIDOf is the event ID in a dead letter's body, else its message ID.
 func eventIDOf(m dlq.Message) string {
-	if ev, _, err := (payments.Handler{}).Decode(messageOf(m)); err == nil {
+	if ev, _, err := (payments.Handler{}).Decode(consumer.MessageOf(m.D)); err == nil {
 		return ev.ID
 	}
 	return m.D.MessageId
-}
-
-func messageOf(m dlq.Message) consumer.Message {
-	d := m.D
-	return consumer.Message{ID: d.MessageId, Timestamp: d.Timestamp, ContentType: d.ContentType, Headers: d.Headers, Body: d.Body}
 }
 
 // openDLQ reads the config and connects to the broker.
@@ -267,7 +262,7 @@ func (e *env) showConflicts(ctx context.Context, cfg config.Config, ms []dlq.Mes
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "EVENT_ID\tORIGINAL PROCESSED AT\tORIGINAL HASH\tDEAD LETTER'S HASH")
 	for _, m := range ms {
-		ev, _, err := (payments.Handler{}).Decode(messageOf(m))
+		ev, _, err := (payments.Handler{}).Decode(consumer.MessageOf(m.D))
 		if err != nil {
 			fmt.Fprintf(tw, "%s\t(undecodable: %v)\t\t\n", m.D.MessageId, err)
 			continue

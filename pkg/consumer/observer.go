@@ -105,7 +105,7 @@ func (nopObserver) Gathered(int)                        {}
 func (w *worker[T]) settled(ctx context.Context, it item[T], o guard.Outcome, reason string, err error) {
 	c := w.c
 	s := Settlement{
-		Message:   messageOf(it.d),
+		Message:   MessageOf(it.d),
 		EventID:   it.ev.ID,
 		Scope:     c.guard.Scope(),
 		Outcome:   o,

@@ -63,7 +63,7 @@ type deadLetterer struct {
 // prepare decodes d, received at received, and checks its time. A delivery
 // that cannot be processed is dead-lettered here, and prepare reports false.
 func (w *worker[T]) prepare(ctx context.Context, d amqp.Delivery, received time.Time) (item[T], bool) {
-	ev, v, err := w.c.handler.Decode(messageOf(d))
+	ev, v, err := w.c.handler.Decode(MessageOf(d))
 	if err == nil {
 		err = ev.Validate()
 		if err != nil {
@@ -148,8 +148,9 @@ func (w *worker[T]) handleOne(ctx context.Context, it item[T]) {
 	}
 }
 
-// messageOf is what a Handler's Decode sees of d.
-func messageOf(d amqp.Delivery) Message {
+// MessageOf is what a Handler's Decode sees of d. Tools that read
+// deliveries themselves (the dead-letter queue, say) decode them with it.
+func MessageOf(d amqp.Delivery) Message {
 	return Message{ID: d.MessageId, Timestamp: d.Timestamp, ContentType: d.ContentType, Headers: d.Headers, Body: d.Body}
 }
 
