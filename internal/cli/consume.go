@@ -54,10 +54,10 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var running atomic.Pointer[func() consumer.Stats] // set once the consumer exists
+	var running atomic.Pointer[consumer.Consumer[payments.Event]] // set once it exists
 	stats := func() consumer.Stats {
-		if f := running.Load(); f != nil {
-			return (*f)()
+		if c := running.Load(); c != nil {
+			return c.Stats()
 		}
 		return consumer.Stats{Prefetch: cfg.Consumer.Prefetch}
 	}
@@ -123,8 +123,7 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	cstats := c.Stats
-	running.Store(&cstats)
+	running.Store(c)
 	snapshot := func() any {
 		snap, err := telemetry.Snapshot(reg)
 		if err != nil {
