@@ -61,7 +61,7 @@ func runBenchWorker(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	g, closeGuard, err := buildGuard(ctx, cfg, log, pgtier.New(pool), m, nil, func(rdb *redis.Client) { rdb.AddHook(rec.RedisHook()) })
+	g, closeGuard, err := buildGuard(ctx, cfg, log, pgtier.New(pool), m, nil, func(rdb redis.UniversalClient) { rdb.AddHook(rec.RedisHook()) })
 	if err != nil {
 		return err
 	}

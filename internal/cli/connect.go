@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/config"
 	"github.com/idemhq/idem/pkg/consumer"
@@ -43,21 +42,6 @@ func openPool(ctx context.Context, cfg config.Config, tune ...func(*pgxpool.Conf
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	return pool, nil
-}
-
-func openRedis(cfg config.Config) (*redis.Client, error) {
-	opt, err := redis.ParseURL(cfg.RedisURL)
-	if err != nil {
-		return nil, fmt.Errorf("redis_url: %w", err)
-	}
-	// Per-call deadlines come from the context (redis.timeout); the
-	// breaker, not go-redis, decides what to do about failures.
-	opt.ContextTimeoutEnabled = true
-	opt.MaxRetries = -1
-	opt.DialTimeout = time.Second
-	opt.ReadTimeout = time.Second
-	opt.WriteTimeout = time.Second
-	return redis.NewClient(opt), nil
 }
 
 // waitPostgres runs fn (what names it in logs) until it succeeds. While

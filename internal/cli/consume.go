@@ -64,13 +64,14 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	if err := m.WatchConsumer(stats); err != nil {
 		return err
 	}
-	var rdb atomic.Pointer[redis.Client] // set by buildGuard when the fast tier is on
+	var fastRedis atomic.Value // the redis.UniversalClient buildGuard opens when the fast tier is on
+	rdb := func() redis.UniversalClient { c, _ := fastRedis.Load().(redis.UniversalClient); return c }
 	if cfg.MetricsAddr != "" {
 		ln, err := telemetry.Listen(cfg.MetricsAddr)
 		if err != nil {
 			return err
 		}
-		h := telemetry.Handler(reg, readiness(pool, stats, rdb.Load))
+		h := telemetry.Handler(reg, readiness(pool, stats, rdb))
 		serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
 		served := make(chan struct{})
 		go func() {
@@ -110,7 +111,7 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 		return startErr(ctx, err)
 	}
 
-	g, closeGuard, err := buildGuard(ctx, cfg, log, store, m, crash, rdb.Store)
+	g, closeGuard, err := buildGuard(ctx, cfg, log, store, m, crash, func(c redis.UniversalClient) { fastRedis.Store(c) })
 	if err != nil {
 		return err
 	}
@@ -156,7 +157,7 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 // readiness is what /readyz checks: the consumer consumes and Postgres
 // answers. Redis is reported but not required: without it every event goes
 // to Postgres, correctly.
-func readiness(pool *pgxpool.Pool, stats func() consumer.Stats, rdb func() *redis.Client) []telemetry.Check {
+func readiness(pool *pgxpool.Pool, stats func() consumer.Stats, rdb func() redis.UniversalClient) []telemetry.Check {
 	return []telemetry.Check{
 		{Name: "consumer", Required: true, Run: func(context.Context) error {
 			if !stats().Consuming {
@@ -208,11 +209,11 @@ func pruneEvery(ctx context.Context, every time.Duration, cfg config.Config, sto
 // if set, sees the Redis client first (to add a hook). The returned func
 // writes the last done markers and closes Redis.
 func buildGuard(ctx context.Context, cfg config.Config, log *slog.Logger, store guard.Store, m *metrics.Metrics,
-	hook func(context.Context, guard.Step), onRedis func(*redis.Client)) (*guard.Guard, func(), error) {
+	hook func(context.Context, guard.Step), onRedis func(redis.UniversalClient)) (*guard.Guard, func(), error) {
 	gcfg := guard.Config{Scope: cfg.Scope, Store: store, Hook: hook, Observer: m, Logger: log}
 	closeRedis := func() {}
 	if cfg.Redis.Enabled {
-		rdb, err := openRedis(cfg)
+		rdb, err := cfg.RedisClient()
 		if err != nil {
 			return nil, nil, err
 		}
@@ -267,7 +268,7 @@ func startErr(ctx context.Context, err error) error {
 
 // checkRedis refuses a Redis too old for the fast tier. A Redis that does
 // not answer is only logged: the breaker routes around it until it does.
-func checkRedis(ctx context.Context, rdb *redis.Client, log *slog.Logger) error {
+func checkRedis(ctx context.Context, rdb redis.UniversalClient, log *slog.Logger) error {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	err := redistier.CheckServer(cctx, rdb)

@@ -59,7 +59,7 @@ effect (ledger rows and the user's balance).`)
 	if !cfg.Redis.Enabled {
 		fmt.Fprintln(tw, "redis:\tnot in use (redis.enabled is false)")
 	} else {
-		rdb, err := openRedis(cfg)
+		rdb, err := cfg.RedisClient()
 		if err != nil {
 			return err
 		}

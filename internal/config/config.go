@@ -26,8 +26,13 @@ const (
 type Config struct {
 	// AMQPURL is the RabbitMQ URL. Env AMQP_URL. Defaults to DefaultAMQPURL.
 	AMQPURL string `yaml:"amqp_url" env:"AMQP_URL"`
-	// RedisURL is the Redis URL, parsed by go-redis. Env REDIS_URL.
-	// Defaults to DefaultRedisURL.
+	// RedisURL is the Redis URL, parsed by go-redis as redis.mode says:
+	// one server (redis://host:6379/0); a cluster, one node in the host
+	// and the others as addr parameters
+	// (redis://host:7001?addr=host:7002&addr=host:7003); or Sentinels,
+	// the same way, with the master's name
+	// (redis://host:26379?addr=host:26380&master_name=mymaster). Env
+	// REDIS_URL. Defaults to DefaultRedisURL.
 	RedisURL string `yaml:"redis_url" env:"REDIS_URL"`
 	// DatabaseURL is the PostgreSQL URL, parsed by pgx; add
 	// search_path=<schema> to use another schema. Env DATABASE_URL.
@@ -104,6 +109,11 @@ type Redis struct {
 	// Enabled turns the fast tier on. With false every event goes to
 	// Postgres. Defaults to true.
 	Enabled bool `yaml:"enabled"`
+	// Mode is single (one server, or a proxy), cluster (Redis Cluster:
+	// the client routes each key to its slot's master and follows
+	// failovers) or sentinel (a master and replicas watched by Sentinel:
+	// the client asks the Sentinels for the master). Defaults to single.
+	Mode string `yaml:"mode"`
 	// Prefix starts every key. Defaults to "idem".
 	Prefix string `yaml:"prefix"`
 	// Lease is the pending-lease TTL; longer than a handler run.
@@ -171,6 +181,7 @@ func Default() Config {
 		},
 		Redis: Redis{
 			Enabled:                 true,
+			Mode:                    "single",
 			Prefix:                  "idem",
 			Lease:                   30 * time.Second,
 			DoneTTL:                 24 * time.Hour,

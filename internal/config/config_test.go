@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -8,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/pkg/guard/redistier"
 )
 
 func load(t *testing.T, yaml string, env map[string]string) (Config, error) {
@@ -80,12 +83,34 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"bad amqp port", "", map[string]string{"AMQP_URL": "amqp://guest:guest@127.0.0.1:port/"}, "amqp_url"},
 		{"bad redis url", "", map[string]string{"REDIS_URL": "redis://127.0.0.1:6379/notadb"}, "redis_url"},
 		{"bad database url", "", map[string]string{"DATABASE_URL": "postgres://a:b@h:notaport/db"}, "database_url"},
+		{"unknown redis mode", "", map[string]string{"IDEM_REDIS_MODE": "ring"}, `redis.mode: "ring" is not a mode; want single, cluster or sentinel`},
+		{"cluster url with a database", "redis:\n  mode: cluster\n", map[string]string{"REDIS_URL": "redis://h:7001?addr=h:7002&db=3"}, "redis_url: cannot be parsed as a Redis Cluster URL"},
+		{"sentinel without a master", "", map[string]string{"IDEM_REDIS_MODE": "sentinel", "REDIS_URL": "redis://h:26379?addr=h:26380"}, "redis_url: names no master: add master_name="},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := load(t, c.yaml, c.env)
 			require.ErrorContains(t, err, c.want)
 		})
+	}
+}
+
+// TestRedisModesBuildTheirClients checks each mode builds its client type
+// from go-redis's own URL syntax, with per-call deadlines on.
+func TestRedisModesBuildTheirClients(t *testing.T) {
+	for _, c := range []struct{ mode, url, want string }{
+		{"single", "redis://h:6379/2", "*redis.Client"},
+		{"cluster", "redis://h:7001?addr=h:7002&addr=h:7003", "*redis.ClusterClient"},
+		{"sentinel", "redis://h:26379?addr=h:26380&master_name=mymaster", "*redis.Client"},
+	} {
+		cfg, err := load(t, "", map[string]string{"IDEM_REDIS_MODE": c.mode, "REDIS_URL": c.url})
+		require.NoError(t, err, c.mode)
+		rdb, err := cfg.RedisClient()
+		require.NoError(t, err, c.mode)
+		require.Equal(t, c.want, fmt.Sprintf("%T", rdb), c.mode)
+		_, err = redistier.New(rdb, redistier.Config{})
+		require.NoError(t, err, "%s: per-call deadlines must be on", c.mode)
+		rdb.Close()
 	}
 }
 

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -8,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/pkg/guard"
 )
@@ -33,8 +33,10 @@ func (c Config) Validate() error {
 		return bad("amqp_url", "cannot be parsed as an AMQP URL (amqp:// or amqps://, host, port, vhost): %v", err)
 	}
 	if c.Redis.Enabled {
-		if _, err := redis.ParseURL(c.RedisURL); err != nil {
-			return bad("redis_url", "cannot be parsed as a Redis URL (redis:// or rediss://, host, port, database number): %v", err)
+		if _, err := parseRedisURL(c.Redis.Mode, c.RedisURL); errors.Is(err, errRedisMode) {
+			return bad("redis.mode", "%v", err)
+		} else if err != nil {
+			return bad("redis_url", "%v", err)
 		}
 	}
 	if _, err := pgxpool.ParseConfig(c.DatabaseURL); err != nil {

@@ -18,6 +18,8 @@ import (
 // Redis is a redis-server of the caller's own, without persistence.
 type Redis struct {
 	Port int
+	// Args are added to the server's command line (cluster mode, say).
+	Args []string
 	dir  string
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -50,6 +52,7 @@ func (s *Redis) Start() error {
 	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir, "--enable-debug-command", "local",
 		"--logfile", filepath.Join(s.dir, "redis.log"))
+	s.cmd.Args = append(s.cmd.Args, s.Args...)
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := s.cmd.Start(); err != nil {
 		return fmt.Errorf("sandbox: start redis-server: %w", err)
@@ -72,6 +75,14 @@ func (s *Redis) Start() error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Signal sends sig to the server (SIGSTOP and SIGCONT freeze and thaw it).
+func (s *Redis) Signal(sig syscall.Signal) error {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return errors.New("sandbox: redis-server not started")
+	}
+	return s.cmd.Process.Signal(sig)
 }
 
 // Kill SIGKILLs the server, losing every key, and waits for it to exit.

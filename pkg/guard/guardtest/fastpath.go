@@ -31,6 +31,7 @@ func TestFastPath(t *testing.T, newFast NewFastPath) {
 		{"ScopesAreIsolated", testScopes},
 		{"AnyIDBytesMapToDistinctKeys", testIDBytes},
 		{"BatchClaimAnswersPerItem", testBatch},
+		{"ManyLeasesReleaseTogether", testReleaseMany},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -122,4 +123,23 @@ func testBatch(t *testing.T, f guard.FastPath) {
 	require.Equal(t, guard.FastPending, got[0].State)
 	require.Equal(t, guard.FastDone, got[1].State)
 	require.Equal(t, guard.FastAcquired, got[2].State)
+}
+
+// testReleaseMany claims, releases and claims again 64 events in one call
+// each: on a Redis Cluster their keys span every master.
+func testReleaseMany(t *testing.T, f guard.FastPath) {
+	ctx := context.Background()
+	events := make([]guard.Event, 64)
+	for i := range events {
+		events[i] = ev(uniqueID())
+	}
+	var leases []guard.Lease
+	for i, r := range f.Claim(ctx, "svc", events) {
+		require.Equal(t, guard.FastAcquired, r.State, "event %d: %v", i, r.Err)
+		leases = append(leases, guard.Lease{ID: events[i].ID, Token: r.Token})
+	}
+	require.NoError(t, f.Release(ctx, "svc", leases))
+	for i, r := range f.Claim(ctx, "svc", events) {
+		require.Equal(t, guard.FastAcquired, r.State, "event %d was not released: %v", i, r.Err)
+	}
 }

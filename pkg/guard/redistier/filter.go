@@ -89,15 +89,17 @@ type Filter struct {
 
 var _ guard.FastPath = (*Filter)(nil)
 
-// New returns a Filter over rdb. A *redis.Client must have
-// ContextTimeoutEnabled set, or a dead Redis would hold each call for the
-// client's ReadTimeout instead of Config.Timeout.
+// New returns a Filter over rdb: a *redis.Client (one server, or a Sentinel
+// set through redis.NewFailoverClient), a *redis.ClusterClient or a
+// *redis.Ring. Its options must have ContextTimeoutEnabled set, or a dead or
+// stopped node would hold each call for the client's ReadTimeout instead of
+// Config.Timeout.
 func New(rdb redis.UniversalClient, cfg Config) (*Filter, error) {
 	if rdb == nil {
 		return nil, errors.New("redistier: nil redis client")
 	}
-	if c, ok := rdb.(*redis.Client); ok && !c.Options().ContextTimeoutEnabled {
-		return nil, errors.New("redistier: redis client needs Options.ContextTimeoutEnabled = true so per-call deadlines apply")
+	if err := checkDeadlines(rdb); err != nil {
+		return nil, err
 	}
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
@@ -186,30 +188,46 @@ func (f *Filter) MarkDone(ctx context.Context, scope string, events []guard.Even
 	return nil
 }
 
-// releaseScript deletes each key only if it still holds the caller's token.
-var releaseScript = redis.NewScript(`
-local n = 0
-for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[i] then
-    n = n + redis.call('DEL', key)
-  end
-end
-return n`)
+// releaseScript deletes one key only if it still holds the caller's token.
+// It touches one key, so that on a Redis Cluster each call runs on the node
+// that owns that key's slot: a script over several keys would fail with
+// CROSSSLOT as soon as two leases hash to different slots.
+const releaseScript = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`
 
-// Release compare-and-deletes the leases: a key is removed only while it
-// still holds the caller's pending token.
+// Release compare-and-deletes the leases, one script call per key in one
+// pipeline (which a cluster client splits by node): a key is removed only
+// while it still holds the caller's pending token.
 func (f *Filter) Release(ctx context.Context, scope string, leases []guard.Lease) error {
-	keys := make([]string, len(leases))
-	args := make([]any, len(leases))
-	for i, l := range leases {
-		keys[i] = f.Key(scope, l.ID)
-		args[i] = pendingPrefix + l.Token
-	}
 	err := f.call(ctx, func(ctx context.Context) error {
-		return releaseScript.Run(ctx, f.rdb, keys, args...).Err()
+		_, err := f.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, l := range leases {
+				p.Eval(ctx, releaseScript, []string{f.Key(scope, l.ID)}, pendingPrefix+l.Token)
+			}
+			return nil
+		})
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("redistier: release: %w", err)
+	}
+	return nil
+}
+
+// checkDeadlines refuses a client that would ignore the context's deadline.
+func checkDeadlines(rdb redis.UniversalClient) error {
+	var on bool
+	switch c := rdb.(type) {
+	case *redis.Client:
+		on = c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		on = c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		on = c.Options().ContextTimeoutEnabled
+	default:
+		return fmt.Errorf("redistier: unsupported redis client %T; use *redis.Client, *redis.ClusterClient or *redis.Ring", rdb)
+	}
+	if !on {
+		return fmt.Errorf("redistier: %T needs ContextTimeoutEnabled = true in its options so that per-call deadlines apply", rdb)
 	}
 	return nil
 }

@@ -37,7 +37,8 @@ func miniClient(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
 func TestFastPathSuiteMiniredis(t *testing.T) {
 	guardtest.TestFastPath(t, func(t *testing.T) guard.FastPath {
 		_, rdb := miniClient(t)
-		return newFilter(t, rdb, redistier.Config{})
+		// miniredis runs each EVAL in a fresh Lua state: slow under -race.
+		return newFilter(t, rdb, redistier.Config{Timeout: time.Second})
 	})
 }
 

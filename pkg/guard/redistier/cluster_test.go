@@ -1,0 +1,89 @@
+package redistier_test
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/sandbox"
+	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/pkg/guard/guardtest"
+	"github.com/idemhq/idem/pkg/guard/redistier"
+)
+
+// startCluster starts a test-owned Redis Cluster: three masters, one replica each.
+func startCluster(t *testing.T) *sandbox.RedisCluster {
+	t.Helper()
+	c, err := sandbox.StartRedisCluster(t.TempDir(), 3)
+	require.NoError(t, err)
+	t.Cleanup(c.Kill)
+	return c
+}
+
+// TestFastPathOnRedisCluster runs the fast-path suite on a real cluster:
+// claims, done markers and releases of one call span every master.
+func TestFastPathOnRedisCluster(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t)
+	rdb := c.Client()
+	t.Cleanup(func() { rdb.Close() })
+	guardtest.TestFastPath(t, func(t *testing.T) guard.FastPath {
+		f, err := redistier.New(rdb, redistier.Config{Timeout: time.Second})
+		require.NoError(t, err)
+		return f
+	})
+}
+
+// TestEveryClientTypeMustKeepDeadlines refuses a cluster, failover or ring
+// client that would ignore the per-call deadline.
+func TestEveryClientTypeMustKeepDeadlines(t *testing.T) {
+	for _, rdb := range []redis.UniversalClient{
+		redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}),
+		redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}),
+		redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{"127.0.0.1:1"}}),
+		redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}}),
+	} {
+		_, err := redistier.New(rdb, redistier.Config{})
+		require.ErrorContains(t, err, "ContextTimeoutEnabled", "%T", rdb)
+		rdb.Close()
+	}
+}
+
+// TestStoppedClusterNodeCostsOneDeadline freezes one master (SIGSTOP: its
+// sockets stay open and silent): a claim of keys on every master must end
+// within its deadline, the stopped master's keys skipped, not wait for the
+// client's read timeout.
+func TestStoppedClusterNodeCostsOneDeadline(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t)
+	rdb := c.Client()
+	t.Cleanup(func() { rdb.Close() })
+	const timeout = 50 * time.Millisecond
+	f, err := redistier.New(rdb, redistier.Config{Prefix: "stop", Timeout: timeout})
+	require.NoError(t, err)
+	events := make([]guard.Event, 64)
+	for i := range events {
+		events[i] = guard.Event{ID: fmt.Sprintf("evt_%d", i), Hash: guard.HashFields("x")}
+	}
+	ctx := context.Background()
+	for _, r := range f.Claim(ctx, "svc", events) {
+		require.Equal(t, guard.FastAcquired, r.State, "%v", r.Err)
+	}
+
+	m := c.Masters(ctx)[0]
+	require.NoError(t, m.Signal(syscall.SIGSTOP))
+	t.Cleanup(func() { _ = m.Signal(syscall.SIGCONT) })
+	for range 3 {
+		began := time.Now()
+		res := f.Claim(ctx, "svc", events)
+		took := time.Since(began)
+		require.Less(t, took, 10*timeout, "a claim with a stopped node took %s against a %s deadline", took, timeout)
+		require.Equal(t, guard.FastSkipped, res[0].State)
+		require.Error(t, res[0].Err)
+	}
+}
