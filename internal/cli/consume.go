@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,8 +35,14 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	name := fs.String("name", fmt.Sprintf("idem-consume-%s-%d", host, os.Getpid()), "client-provided RabbitMQ connection `name`")
 	statsFile := fs.String("stats-file", "", "write the outcome counts as JSON to this `file` every second and on exit")
 	noMigrate := fs.Bool("no-migrate", false, "do not apply pending migrations at start")
+	only := fs.String("partition", "", "consume only these partitions (`K[,K…]`, of 0 to partitions-1); default: all")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	partitions, err := parsePartitions(*only)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "idem consume: --partition: %v\n", err)
+		return ErrUsage
 	}
 	cfg, log, pool, err := e.loadDB(ctx, *path)
 	if err != nil {
@@ -117,6 +125,7 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	}
 	defer closeGuard()
 	ccfg := consumerConfig(cfg, *name, log, m, crash)
+	ccfg.Only = partitions
 	if !horizon.PrunedThrough.IsZero() {
 		ccfg.NotBefore = horizon.PrunedThrough.Add(horizon.ClockSkew)
 	}
@@ -152,6 +161,23 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 		return fmt.Errorf("amqp_url: %w", err)
 	}
 	return err
+}
+
+// parsePartitions reads --partition's comma-separated list; the config's
+// partitions setting bounds it later (consumer.Config.Only).
+func parsePartitions(s string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		p, err := strconv.Atoi(f)
+		if err != nil || p < 0 {
+			return nil, fmt.Errorf("%q is not a partition number", f)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 // readiness is what /readyz checks: the consumer consumes and Postgres
@@ -304,6 +330,7 @@ func consumerConfig(cfg config.Config, name string, log *slog.Logger, obs consum
 	return consumer.Config{
 		URL:                 cfg.AMQPURL,
 		Queue:               cfg.Queue,
+		Partitions:          cfg.Partitions,
 		ConnectionName:      name,
 		Prefetch:            cfg.Consumer.Prefetch,
 		Workers:             cfg.Consumer.Workers,

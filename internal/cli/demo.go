@@ -12,7 +12,6 @@ import (
 	"github.com/idemhq/idem/internal/loadgen"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/verify"
-	"github.com/idemhq/idem/pkg/consumer"
 )
 
 func runDemo(ctx context.Context, e *env, args []string) error {
@@ -85,7 +84,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	start := time.Now()
 	if err := loadgen.Publish(ctx, loadgen.PublishOptions{
 		URL:            cfg.AMQPURL,
-		Topology:       consumer.TopologyFor(cfg.Queue, cfg.Consumer.BrokerDeliveryLimit),
+		Topology:       cfg.Topology(),
 		ConnectionName: "idem-demo-publish",
 		Progress:       e.stderr,
 	}, s); err != nil {

@@ -89,7 +89,7 @@ func (e *env) openDLQ(path string) (config.Config, *dlq.Queue, error) {
 	if err != nil {
 		return cfg, nil, err
 	}
-	q, err := dlq.Open(cfg.AMQPURL, cfg.Queue)
+	q, err := dlq.Open(cfg.AMQPURL, cfg.Topology())
 	if err != nil {
 		return cfg, nil, fmt.Errorf("amqp_url: %w", err)
 	}

@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/idemhq/idem/internal/loadgen"
-	"github.com/idemhq/idem/pkg/consumer"
 )
 
 func runPublish(ctx context.Context, e *env, args []string) error {
@@ -22,12 +22,16 @@ func runPublish(ctx context.Context, e *env, args []string) error {
 	run := fs.String("run", "", "run id in event and user ids (default: derived from the seed)")
 	manifest := fs.String("manifest", "", "write the manifest to this `file`")
 	quiet := fs.Bool("quiet", false, "no progress lines")
+	partitions := fs.Int("partitions", 0, "split the stream over `N` queues <queue>.0 … by userId (default: the partitions setting)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	cfg, _, err := e.loadConfig(*path)
 	if err != nil {
 		return err
+	}
+	if *partitions > 0 {
+		cfg.Partitions = *partitions
 	}
 	if *run == "" {
 		*run = loadgen.RunID(*seed)
@@ -39,14 +43,14 @@ func runPublish(ctx context.Context, e *env, args []string) error {
 	}
 	opt := loadgen.PublishOptions{
 		URL:            cfg.AMQPURL,
-		Topology:       consumer.TopologyFor(cfg.Queue, cfg.Consumer.BrokerDeliveryLimit),
+		Topology:       cfg.Topology(),
 		ConnectionName: fmt.Sprintf("idem-publish-%d", os.Getpid()),
 		Rate:           *rate,
 	}
 	if !*quiet {
 		opt.Progress = e.stderr
 		fmt.Fprintf(e.stderr, "run %s: %d messages, %d distinct events, %d back-to-back and %d delayed re-sends, to queue %s\n",
-			*run, len(s.Order), len(s.Events), s.BackToBack, s.Delayed, cfg.Queue)
+			*run, len(s.Order), len(s.Events), s.BackToBack, s.Delayed, strings.Join(cfg.Topology().Queues(), ", "))
 	}
 	if err := loadgen.Publish(ctx, opt, s); err != nil {
 		return err

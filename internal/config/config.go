@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"time"
+
+	"github.com/idemhq/idem/pkg/consumer"
 )
 
 // Defaults. The connection URLs point at the local services.
@@ -24,7 +26,10 @@ const (
 // environment variable (redis.done_ttl ⇒ IDEM_REDIS_DONE_TTL), except the
 // three URLs, which use the conventional names.
 type Config struct {
-	// AMQPURL is the RabbitMQ URL. Env AMQP_URL. Defaults to DefaultAMQPURL.
+	// AMQPURL is the RabbitMQ URL, or the URLs of a cluster's nodes
+	// separated by commas: consumers connect to the first that answers and
+	// move to another when they lose theirs. Env AMQP_URL. Defaults to
+	// DefaultAMQPURL.
 	AMQPURL string `yaml:"amqp_url" env:"AMQP_URL"`
 	// RedisURL is the Redis URL, parsed by go-redis as redis.mode says:
 	// one server (redis://host:6379/0); a cluster, one node in the host
@@ -40,6 +45,11 @@ type Config struct {
 	DatabaseURL string `yaml:"database_url" env:"DATABASE_URL"`
 	// Queue is the queue name. Defaults to DefaultQueue.
 	Queue string `yaml:"queue"`
+	// Partitions splits the stream over this many quorum queues,
+	// <queue>.0 to <queue>.<n-1>, each event to the partition of its
+	// userId; 1 is the one queue <queue>. Publishers and consumers must
+	// agree on it. Defaults to 1.
+	Partitions int `yaml:"partitions"`
 	// Scope namespaces event IDs in Redis and Postgres: the consuming
 	// service's name. Defaults to DefaultScope.
 	Scope string `yaml:"scope"`
@@ -160,6 +170,7 @@ func Default() Config {
 		RedisURL:    DefaultRedisURL,
 		DatabaseURL: DefaultDatabaseURL,
 		Queue:       DefaultQueue,
+		Partitions:  1,
 		Scope:       DefaultScope,
 		LogLevel:    "info",
 		LogFormat:   "text",
@@ -223,4 +234,11 @@ func Load(path string, environ []string, log *slog.Logger) (Config, error) {
 		log.Warn("config: " + w)
 	}
 	return cfg, nil
+}
+
+// Topology is the queues and dead-letter queue the settings name.
+func (c Config) Topology() consumer.Topology {
+	t := consumer.TopologyFor(c.Queue, c.Consumer.BrokerDeliveryLimit)
+	t.Partitions = c.Partitions
+	return t
 }

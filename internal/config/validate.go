@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -29,8 +30,10 @@ func (c Config) Validate() error {
 	// Each URL through its client library's own parser, so that a typo
 	// stops the start instead of a reconnect loop. (Their errors may quote
 	// the URL; the command's output is redacted.)
-	if _, err := amqp.ParseURI(c.AMQPURL); err != nil {
-		return bad("amqp_url", "cannot be parsed as an AMQP URL (amqp:// or amqps://, host, port, vhost): %v", err)
+	for _, u := range consumer.SplitURLs(c.AMQPURL) {
+		if _, err := amqp.ParseURI(u); err != nil {
+			return bad("amqp_url", "cannot be parsed as an AMQP URL (amqp:// or amqps://, host, port, vhost; several separated by commas): %v", err)
+		}
 	}
 	if c.Redis.Enabled {
 		if _, err := parseRedisURL(c.Redis.Mode, c.RedisURL); errors.Is(err, errRedisMode) {
@@ -60,6 +63,7 @@ func (c Config) Validate() error {
 		lo, hi int64
 		why    string
 	}{
+		{"partitions", int64(c.Partitions), 1, 4096, ""},
 		{"consumer.prefetch", int64(c.Consumer.Prefetch), 1, 65535, " (AMQP carries it in 16 bits)"},
 		{"consumer.workers", int64(c.Consumer.Workers), 1, 1024, ""},
 		{"consumer.batch_size", int64(c.Consumer.BatchSize), 1, 65535, ""},

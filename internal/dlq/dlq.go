@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -117,20 +118,25 @@ const (
 	Stop
 )
 
-// Queue is a dead-letter queue and the work queue it belongs to.
+// Queue is a dead-letter queue and the work queues it belongs to.
 type Queue struct {
 	conn *amqp.Connection
-	// Work is the queue the consumers read; DLQ its dead-letter queue.
+	// Topology names the work queues (every partition) and their shared
+	// dead-letter queue.
+	Topology consumer.Topology
+	// Work is the queue the consumers read (with partitions, the name the
+	// partition queues share); DLQ its dead-letter queue.
 	Work, DLQ string
 }
 
-// Open connects to the broker at url for the work queue's dead-letter queue.
-func Open(url, work string) (*Queue, error) {
-	conn, err := amqp.DialConfig(url, amqp.Config{Properties: amqp.Table{"connection_name": "idem-dlq"}})
+// Open connects to the broker at url (or to the first node of a
+// comma-separated list that answers) for t's dead-letter queue.
+func Open(url string, t consumer.Topology) (*Queue, error) {
+	conn, _, err := consumer.Dial(consumer.SplitURLs(url), 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-dlq"}})
 	if err != nil {
 		return nil, fmt.Errorf("dlq: dial: %w", err)
 	}
-	return &Queue{conn: conn, Work: work, DLQ: consumer.TopologyFor(work, 0).DeadLetterQueue}, nil
+	return &Queue{conn: conn, Topology: t, Work: t.Queue, DLQ: t.DeadLetterQueue}, nil
 }
 
 // Close closes the connection.
@@ -186,7 +192,7 @@ func (q *Queue) Walk(ctx context.Context, visit func(Message) (Verdict, error)) 
 type Replayer struct {
 	ch      *amqp.Channel
 	returns chan amqp.Return
-	work    string
+	topo    consumer.Topology
 	run     string
 	seq     int
 }
@@ -206,7 +212,7 @@ func (q *Queue) Replayer() (*Replayer, error) {
 		ch.Close()
 		return nil, fmt.Errorf("dlq: confirm mode: %w", err)
 	}
-	return &Replayer{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 16)), work: q.Work,
+	return &Replayer{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 16)), topo: q.Topology,
 		run: strconv.FormatInt(time.Now().UnixNano(), 36)}, nil
 }
 
@@ -262,8 +268,20 @@ func (r *Replayer) Ours(m Message) bool {
 	return strings.HasPrefix(id, r.run+"-")
 }
 
-// Replay publishes m onto the work queue, mandatory, and returns once the
-// broker confirmed it: only then may m leave the dead-letter queue.
+// Target is the work queue a replay of m goes to: the queue it was
+// dead-lettered from, which with partitions is its key's partition, so
+// that the key's events keep their order. A dead letter that names no queue
+// of the topology goes to the first.
+func (r *Replayer) Target(m Message) string {
+	queues := r.topo.Queues()
+	if slices.Contains(queues, m.Queue) {
+		return m.Queue
+	}
+	return queues[0]
+}
+
+// Replay publishes m onto its work queue (Target), mandatory, and returns
+// once the broker confirmed it: only then may m leave the dead-letter queue.
 func (r *Replayer) Replay(ctx context.Context, m Message) error {
 	p := Publishing(m)
 	r.seq++
@@ -271,7 +289,7 @@ func (r *Replayer) Replay(ctx context.Context, m Message) error {
 	p.Headers[HeaderReplayID] = id
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	dc, err := r.ch.PublishWithDeferredConfirmWithContext(ctx, "", r.work, true, false, p)
+	dc, err := r.ch.PublishWithDeferredConfirmWithContext(ctx, "", r.Target(m), true, false, p)
 	if err != nil {
 		return fmt.Errorf("dlq: replay publish: %w", err)
 	}

@@ -14,7 +14,10 @@ import (
 
 // PublishOptions says where and how fast to publish.
 type PublishOptions struct {
-	URL            string
+	// URL is the broker's AMQP URL, or a cluster's, separated by commas.
+	URL string
+	// Topology names the queues; with partitions, each event goes to the
+	// partition of its userId.
 	Topology       consumer.Topology
 	ConnectionName string
 	// Rate caps messages per second; 0 means as fast as confirms allow.
@@ -40,7 +43,7 @@ func Publish(ctx context.Context, opt PublishOptions, s Stream) error {
 	if opt.Window <= 0 {
 		opt.Window = 256
 	}
-	conn, err := amqp.DialConfig(opt.URL, amqp.Config{Properties: amqp.Table{"connection_name": opt.ConnectionName}})
+	conn, _, err := consumer.Dial(consumer.SplitURLs(opt.URL), 0, amqp.Config{Properties: amqp.Table{"connection_name": opt.ConnectionName}})
 	if err != nil {
 		return fmt.Errorf("publish: dial: %w", err)
 	}
@@ -86,7 +89,7 @@ func Publish(ctx context.Context, opt PublishOptions, s Stream) error {
 		if opt.StampSent {
 			headers = amqp.Table{HeaderSentAt: time.Now().UnixNano()}
 		}
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", opt.Topology.Queue, true, false, amqp.Publishing{
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", opt.Topology.QueueFor(ev.UserID), true, false, amqp.Publishing{
 			Headers:      headers,
 			ContentType:  "application/json",
 			DeliveryMode: amqp.Persistent,

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"unicode"
 )
 
 // Mask replaces every secret.
@@ -103,6 +104,12 @@ func String(s string) string {
 // they may be printed in (as written, %-decoded, unquoted).
 func Secrets(conn string) []string {
 	var out []string
+	// A list of URLs (AMQP_URL's nodes, postgres.shards): each URL's own.
+	if strings.Count(conn, "://") > 1 {
+		for _, one := range strings.FieldsFunc(conn, func(r rune) bool { return r == ',' || unicode.IsSpace(r) }) {
+			out = append(out, Secrets(one)...)
+		}
+	}
 	add := func(s string) {
 		if s == "" {
 			return

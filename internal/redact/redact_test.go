@@ -28,6 +28,8 @@ var forms = map[string]string{
 	"sslpassword":           "postgres://db/x?sslpassword=" + sentinel,
 	"escaped in url":        "amqp://app:" + sentinel + "%21@mq:5672/",
 	"upper-case param name": "postgres://db/x?PASSWORD=" + sentinel,
+	"amqp node list":        "amqp://app:other1@mq1:5672/,amqp://app:" + sentinel + "@mq2:5672/",
+	"shard list":            "postgres://app:other1@db1/x postgres://app:" + sentinel + "@db2/x",
 }
 
 func TestEveryFormIsMasked(t *testing.T) {

@@ -28,7 +28,8 @@ type acker struct {
 	mu        sync.Mutex
 	unsettled map[uint64]struct{} // registered, outcome not reached
 	held      map[uint64]struct{} // settled, ack not sent yet
-	low       uint64              // no unsettled tag is below low
+	sent      map[uint64]struct{} // settled, ack or nack sent, at or above low
+	low       uint64              // every tag below low is settled
 	high      uint64              // the highest tag registered
 	timer     *time.Timer         // flushes held acks after ackHold
 	frames    int64               // ack and nack frames sent
@@ -36,11 +37,13 @@ type acker struct {
 }
 
 func newAcker(ch amqp.Acknowledger) *acker {
-	return &acker{ch: ch, unsettled: map[uint64]struct{}{}, held: map[uint64]struct{}{}, low: 1}
+	return &acker{ch: ch, unsettled: map[uint64]struct{}{}, held: map[uint64]struct{}{}, sent: map[uint64]struct{}{}, low: 1}
 }
 
-// register records a delivery as it arrives. Tags must be registered in the
-// order the broker sent them, before any settlement can cover them.
+// register records a delivery as it arrives. The broker numbers a channel's
+// deliveries 1, 2, 3…; a tag not registered yet (a delivery of another
+// queue's consumer on the channel, still on its way) stops multiple-acks
+// below it, so tags may be registered in any order.
 func (a *acker) register(tag uint64) {
 	a.mu.Lock()
 	a.unsettled[tag] = struct{}{}
@@ -77,6 +80,7 @@ func (a *acker) nack(tag uint64) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	delete(a.unsettled, tag)
+	a.sent[tag] = struct{}{}
 	a.frames++
 	err := a.ch.Nack(tag, false, true)
 	a.sendCovered()
@@ -100,18 +104,26 @@ func (a *acker) flush() {
 	slices.Sort(rest)
 	for _, t := range rest {
 		a.send(t, false)
+		a.sent[t] = struct{}{}
 	}
 	clear(a.held)
 }
 
 // sendCovered advances low past settled tags and sends one multiple-ack for
-// the held tags below it.
+// the held tags below it. It stops at a tag in progress and at a tag never
+// registered.
 func (a *acker) sendCovered() {
 	for a.low <= a.high {
-		if _, ok := a.unsettled[a.low]; ok {
-			break
+		if _, ok := a.held[a.low]; ok {
+			a.low++
+			continue
 		}
-		a.low++
+		if _, ok := a.sent[a.low]; ok {
+			delete(a.sent, a.low)
+			a.low++
+			continue
+		}
+		break
 	}
 	var upTo uint64
 	for t := range a.held {

@@ -142,3 +142,23 @@ func TestAckerNeverSettlesWhatWasNotSettled(t *testing.T) {
 		require.Less(t, b.frames, n, "seed %d: multiple-acks saved frames", seed)
 	}
 }
+
+// TestAckerWaitsForTagsNotRegisteredYet: with several queues consumed on one
+// channel, a delivery of one queue can reach the acker before a lower tag of
+// another queue's. A multiple-ack must not cover the tag still on its way.
+func TestAckerWaitsForTagsNotRegisteredYet(t *testing.T) {
+	b := newBroker(4)
+	a := newAcker(b)
+	a.register(2)
+	a.register(3)
+	b.intend(2, 3)
+	require.NoError(t, a.ack([]uint64{2, 3}))
+	require.Equal(t, 0, b.frames, "tag 1 was never registered: 2 and 3 wait")
+	a.register(1)
+	a.register(4)
+	b.intend(1)
+	require.NoError(t, a.ack([]uint64{1}))
+	require.Equal(t, 1, b.frames, "1 to 3 go as one multiple-ack")
+	require.NoError(t, b.violation)
+	require.Equal(t, map[uint64]bool{4: true}, b.unacked)
+}

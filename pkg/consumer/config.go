@@ -51,10 +51,21 @@ var (
 
 // Config configures a Consumer.
 type Config struct {
-	// URL is the AMQP URL, e.g. amqp://guest:guest@127.0.0.1:5672/. Required.
+	// URL is the AMQP URL, e.g. amqp://guest:guest@127.0.0.1:5672/, or
+	// the URLs of a cluster's nodes separated by commas: each session
+	// connects to the first that answers, starting after the node of the
+	// session before, so a consumer that loses its node moves to another.
+	// Required.
 	URL string
-	// Queue is the queue to consume. Required.
+	// Queue is the queue to consume (with Partitions, the name its
+	// partition queues share). Required.
 	Queue string
+	// Partitions is how many partition queues the stream is split over
+	// (see Topology). 0 or 1: one queue.
+	Partitions int
+	// Only lists the partitions this consumer takes (0 to Partitions-1);
+	// empty takes them all.
+	Only []int
 	// ConnectionName is the client-provided connection name shown by the
 	// broker. Defaults to DefaultConnectionName.
 	ConnectionName string
@@ -201,12 +212,24 @@ func (c *Config) setDefaults() {
 }
 
 func (c *Config) validate() error {
-	_, uriErr := amqp.ParseURI(c.URL)
+	var uriErr error
+	for _, u := range SplitURLs(c.URL) {
+		if _, err := amqp.ParseURI(u); err != nil && uriErr == nil {
+			uriErr = err
+		}
+	}
+	for _, p := range c.Only {
+		if p < 0 || p >= max(c.Partitions, 1) {
+			return fmt.Errorf("consumer: Only: partition %d is not one of 0 to %d", p, max(c.Partitions, 1)-1)
+		}
+	}
 	switch {
-	case c.URL == "":
+	case len(SplitURLs(c.URL)) == 0:
 		return errors.New("consumer: URL is required")
 	case uriErr != nil:
 		return fmt.Errorf("consumer: URL: %w", uriErr)
+	case c.Partitions < 0:
+		return fmt.Errorf("consumer: Partitions must not be negative, got %d", c.Partitions)
 	case c.StartupTimeout <= 0:
 		return fmt.Errorf("consumer: StartupTimeout must be positive, got %s", c.StartupTimeout)
 	case c.Queue == "":

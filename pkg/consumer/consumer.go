@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,9 @@ type Consumer[T any] struct {
 	guard    *guard.Guard
 	handler  Handler[T]
 	topology Topology
+	urls     []string    // the broker nodes, tried in turn
+	node     int         // the index in urls the next session tries first
+	queues   []string    // the queues this consumer takes
 	consumed atomic.Bool // a session reached Consume: start-up is over
 	// live is the acker of the session consuming now; nil between sessions.
 	live atomic.Pointer[acker]
@@ -35,7 +39,17 @@ func New[T any](cfg Config, g *guard.Guard, h Handler[T]) (*Consumer[T], error) 
 		return nil, errors.New("consumer: guard and handler are required")
 	}
 	cfg.Logger = cfg.Logger.With("scope", g.Scope())
-	return &Consumer[T]{cfg: cfg, guard: g, handler: h, topology: TopologyFor(cfg.Queue, cfg.BrokerDeliveryLimit)}, nil
+	t := TopologyFor(cfg.Queue, cfg.BrokerDeliveryLimit)
+	t.Partitions = cfg.Partitions
+	c := &Consumer[T]{cfg: cfg, guard: g, handler: h, topology: t, urls: SplitURLs(cfg.URL)}
+	c.queues = t.Queues()
+	if len(cfg.Only) > 0 {
+		c.queues = nil
+		for _, p := range slices.Compact(slices.Sorted(slices.Values(cfg.Only))) {
+			c.queues = append(c.queues, t.PartitionQueue(p))
+		}
+	}
+	return c, nil
 }
 
 // Topology returns what the consumer declares.
@@ -93,7 +107,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 
 // session is one connection's life: declare, consume, work, drain.
 func (c *Consumer[T]) session(ctx context.Context) error {
-	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{
+	conn, node, err := Dial(c.urls, c.node, amqp.Config{
 		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName},
 		Heartbeat:  10 * time.Second,
 	})
@@ -101,6 +115,9 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		return fmt.Errorf("dial: %w", err)
 	}
 	defer conn.Close()
+	// The next session starts at the next node: if this one's node is
+	// lost, the reconnect goes elsewhere first.
+	c.node = node + 1
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 
 	pub, err := conn.Channel()
@@ -123,16 +140,27 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		return fmt.Errorf("open consume channel: %w", err)
 	}
 	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+	// Quorum queues take no channel-wide (global) prefetch: each queue's
+	// consumer gets its share, so the channel holds at most Prefetch.
+	if err := ch.Qos(max(1, c.cfg.Prefetch/len(c.queues)), 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
-	tag := fmt.Sprintf("%s-%d", c.cfg.ConnectionName, time.Now().UnixNano())
-	deliveries, err := ch.Consume(c.cfg.Queue, tag, false, false, false, false, nil)
-	if err != nil {
-		return fmt.Errorf("consume %q: %w", c.cfg.Queue, err)
+	// One consumer per queue on the one channel: delivery tags are the
+	// channel's, so the acker covers them all.
+	queueOf := map[string]string{} // consumer tag → queue
+	var sources []<-chan amqp.Delivery
+	for _, q := range c.queues {
+		tag := fmt.Sprintf("%s-%d-%s", c.cfg.ConnectionName, time.Now().UnixNano(), q)
+		ds, err := ch.Consume(q, tag, false, false, false, false, nil)
+		if err != nil {
+			return fmt.Errorf("consume %q: %w", q, err)
+		}
+		queueOf[tag] = q
+		sources = append(sources, ds)
 	}
+	deliveries := merge(sources)
 	c.consumed.Store(true)
-	c.cfg.Logger.Info("consuming", "queue", c.cfg.Queue, "prefetch", c.cfg.Prefetch, "workers", c.cfg.Workers,
+	c.cfg.Logger.Info("consuming", "queues", c.queues, "node", node+1, "prefetch", c.cfg.Prefetch, "workers", c.cfg.Workers,
 		"batch_size", c.cfg.BatchSize, "batch_linger", c.cfg.BatchLinger)
 
 	// In-flight work outlives ctx by up to DrainTimeout, so that SIGTERM
@@ -142,7 +170,7 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	// stop ends backoff waits as soon as shutdown begins or the session fails.
 	stop, stopWaits := context.WithCancel(ctx)
 	defer stopWaits()
-	w := &worker[T]{c: c, dl: &deadLetterer{pub: pub, returns: returns}, acker: newAcker(ch), stop: stop}
+	w := &worker[T]{c: c, dl: &deadLetterer{pub: pub, returns: returns}, acker: newAcker(ch), stop: stop, queueOf: queueOf}
 	c.live.Store(w.acker)
 	defer c.live.Store(nil)
 	// The pipeline: gather → screen (one goroutine: decode, Redis, ack
@@ -173,8 +201,10 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 		// Stop taking deliveries; the library then closes deliveries.
-		if err := ch.Cancel(tag, false); err != nil {
-			c.cfg.Logger.Warn("cancel consumer", "err", err)
+		for tag := range queueOf {
+			if err := ch.Cancel(tag, false); err != nil {
+				c.cfg.Logger.Warn("cancel consumer", "err", err)
+			}
 		}
 	case e := <-connClosed:
 		cause = fmt.Errorf("connection closed: %w", amqpErr(e))
@@ -208,9 +238,28 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		if err := conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
 			return fmt.Errorf("close: %w", err)
 		}
-		c.cfg.Logger.Info("drained and closed", "queue", c.cfg.Queue)
+		c.cfg.Logger.Info("drained and closed", "queues", c.queues)
 	}
 	return cause
+}
+
+// merge forwards every source's deliveries to one channel, closed once
+// every source is.
+func merge(sources []<-chan amqp.Delivery) <-chan amqp.Delivery {
+	if len(sources) == 1 {
+		return sources[0]
+	}
+	out := make(chan amqp.Delivery)
+	var wg sync.WaitGroup
+	for _, src := range sources {
+		wg.Go(func() {
+			for d := range src {
+				out <- d
+			}
+		})
+	}
+	go func() { wg.Wait(); close(out) }()
+	return out
 }
 
 func amqpErr(e *amqp.Error) error {

@@ -2,16 +2,26 @@ package consumer
 
 import (
 	"fmt"
+	"strconv"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemhq/idem/pkg/partition"
 )
 
 // Topology names what a consumer declares. Every member of a fleet must
 // declare it identically; RabbitMQ refuses a redeclaration with other
 // arguments (PRECONDITION_FAILED).
 type Topology struct {
-	// Queue is the durable quorum queue the events arrive on.
+	// Queue is the durable quorum queue the events arrive on; with
+	// Partitions above 1, the name the partition queues share.
 	Queue string
+	// Partitions is how many quorum queues the stream is split over, each
+	// with its own leader, so that throughput is not bounded by one
+	// queue's: Queue.0 to Queue.<Partitions-1>. An event goes to the queue
+	// of partition.Of(key, Partitions) for its partition key, so that the
+	// events of one key keep their order. 0 or 1: one queue, named Queue.
+	Partitions int
 	// DeadLetterExchange is a durable direct exchange routing to DeadLetterQueue.
 	DeadLetterExchange string
 	// DeadLetterQueue receives every message the consumers give up on, with
@@ -34,8 +44,35 @@ func TopologyFor(queue string, brokerDeliveryLimit int) Topology {
 	}
 }
 
+// Queues returns the work queues: Queue, or one per partition.
+func (t Topology) Queues() []string {
+	if t.Partitions < 2 {
+		return []string{t.Queue}
+	}
+	out := make([]string, t.Partitions)
+	for p := range out {
+		out[p] = t.PartitionQueue(p)
+	}
+	return out
+}
+
+// PartitionQueue returns the queue of partition p (Queue itself when the
+// stream is not partitioned).
+func (t Topology) PartitionQueue(p int) string {
+	if t.Partitions < 2 {
+		return t.Queue
+	}
+	return t.Queue + "." + strconv.Itoa(p)
+}
+
+// QueueFor returns the queue an event with partition key key goes to.
+func (t Topology) QueueFor(key string) string {
+	return t.PartitionQueue(partition.Of(key, t.Partitions))
+}
+
 // Declare creates the exchange and queues if they do not exist. It is
 // idempotent and safe to run from every consumer and publisher at start.
+// Every partition shares the one dead-letter queue.
 func (t Topology) Declare(ch *amqp.Channel) error {
 	if err := ch.ExchangeDeclare(t.DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declare exchange %q: %w", t.DeadLetterExchange, err)
@@ -48,15 +85,17 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 	if err := ch.QueueBind(t.DeadLetterQueue, t.DeadLetterQueue, t.DeadLetterExchange, false, nil); err != nil {
 		return fmt.Errorf("bind queue %q: %w", t.DeadLetterQueue, err)
 	}
-	if _, err := ch.QueueDeclare(t.Queue, true, false, false, false, amqp.Table{
-		amqp.QueueTypeArg:           amqp.QueueTypeQuorum,
-		"x-delivery-limit":          int64(t.BrokerDeliveryLimit),
-		"x-dead-letter-exchange":    t.DeadLetterExchange,
-		"x-dead-letter-routing-key": t.DeadLetterQueue,
-		"x-dead-letter-strategy":    "at-least-once",
-		"x-overflow":                "reject-publish",
-	}); err != nil {
-		return fmt.Errorf("declare queue %q (if it exists with other arguments, match the config or delete it): %w", t.Queue, err)
+	for _, q := range t.Queues() {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{
+			amqp.QueueTypeArg:           amqp.QueueTypeQuorum,
+			"x-delivery-limit":          int64(t.BrokerDeliveryLimit),
+			"x-dead-letter-exchange":    t.DeadLetterExchange,
+			"x-dead-letter-routing-key": t.DeadLetterQueue,
+			"x-dead-letter-strategy":    "at-least-once",
+			"x-overflow":                "reject-publish",
+		}); err != nil {
+			return fmt.Errorf("declare queue %q (if it exists with other arguments, match the config or delete it): %w", q, err)
+		}
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"strconv"
@@ -36,6 +37,8 @@ type worker[T any] struct {
 	dl    *deadLetterer
 	acker *acker
 	stop  context.Context // ends when shutdown begins or the session fails
+	// queueOf names the queue of each consumer tag, for dead letters.
+	queueOf map[string]string
 }
 
 // item is a delivery that decoded into an event the guard can take.
@@ -199,7 +202,7 @@ func (w *worker[T]) deadLetter(ctx context.Context, it item[T], reason string, c
 	delete(headers, "x-delivery-count")
 	headers[HeaderReason] = reason
 	headers[HeaderError] = msg
-	headers[HeaderQueue] = cfg.Queue
+	headers[HeaderQueue] = cmp.Or(w.queueOf[d.ConsumerTag], cfg.Queue)
 	headers[HeaderDeliveryCount] = int64(deliveryCount(d) + 1)
 	headers[HeaderDeadLetteredAt] = time.Now().UTC()
 
