@@ -13,6 +13,7 @@ import (
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/telemetry"
 	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/pgtier"
 	"github.com/idemhq/idem/pkg/metrics"
 )
@@ -61,7 +62,7 @@ func runBenchWorker(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	g, closeGuard, err := buildGuard(ctx, cfg, log, pgtier.New(pool), m, nil, func(rdb redis.UniversalClient) { rdb.AddHook(rec.RedisHook()) })
+	g, closeGuard, err := buildGuard(ctx, cfg, log, []guard.Store{pgtier.New(pool)}, m, nil, func(rdb redis.UniversalClient) { rdb.AddHook(rec.RedisHook()) })
 	if err != nil {
 		return err
 	}

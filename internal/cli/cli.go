@@ -155,7 +155,7 @@ func IsHelp(err error) bool { return errors.Is(err, errHelp) }
 func (e *env) loadConfig(path string) (config.Config, *slog.Logger, error) {
 	boot := slog.New(slog.NewTextHandler(e.stderr, nil))
 	cfg, err := config.Load(path, e.environ(), boot)
-	e.red.Add(cfg.AMQPURL, cfg.RedisURL, cfg.DatabaseURL) // the file may set them too
+	e.red.Add(cfg.AMQPURL, cfg.RedisURL, cfg.DatabaseURL, cfg.Postgres.Shards) // the file may set them too
 	if err != nil {
 		return cfg, nil, err
 	}

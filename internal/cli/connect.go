@@ -13,20 +13,62 @@ import (
 	"github.com/idemhq/idem/pkg/guard/pgtier"
 )
 
-// loadDB reads the config and opens the database pool; close the pool when done.
-func (e *env) loadDB(ctx context.Context, path string) (config.Config, *slog.Logger, *pgxpool.Pool, error) {
+// loadDB reads the config and opens a pool per shard (one for database_url
+// when postgres.shards is empty); close them when done.
+func (e *env) loadDB(ctx context.Context, path string) (config.Config, *slog.Logger, shards, error) {
 	cfg, log, err := e.loadConfig(path)
 	if err != nil {
 		return cfg, nil, nil, err
 	}
-	pool, err := openPool(ctx, cfg)
-	return cfg, log, pool, err
+	dbs, err := openShards(ctx, cfg)
+	return cfg, log, dbs, err
 }
 
-// openPool opens the pool cfg describes; tune, if given, may adjust its
-// config first (to add a tracer, say).
+// openShards opens a pool per shard, or one for database_url.
+func openShards(ctx context.Context, cfg config.Config) (shards, error) {
+	var dbs shards
+	for i, u := range cfg.DatabaseURLs() {
+		pool, err := openPoolAt(ctx, cfg, u)
+		if err != nil {
+			dbs.Close()
+			if len(cfg.DatabaseURLs()) > 1 {
+				err = fmt.Errorf("postgres.shards: shard %d: %w", i, err)
+			}
+			return nil, err
+		}
+		dbs = append(dbs, pool)
+	}
+	return dbs, nil
+}
+
+// shards are the pools of the authoritative tier's databases, in shard
+// order: one when the tier is not sharded.
+type shards []*pgxpool.Pool
+
+// Close closes every pool.
+func (s shards) Close() {
+	for _, p := range s {
+		p.Close()
+	}
+}
+
+// name labels shard i in output and errors; empty with one database.
+func (s shards) name(i int) string {
+	if len(s) == 1 {
+		return ""
+	}
+	return fmt.Sprintf("shard %d", i)
+}
+
+// openPool opens the pool database_url describes; tune, if given, may adjust
+// its config first (to add a tracer, say).
 func openPool(ctx context.Context, cfg config.Config, tune ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	return openPoolAt(ctx, cfg, cfg.DatabaseURL, tune...)
+}
+
+// openPoolAt opens a pool on url, sized and bounded as cfg says.
+func openPoolAt(ctx context.Context, cfg config.Config, url string, tune ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("database_url: %w", err)
 	}

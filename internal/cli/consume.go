@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/config"
@@ -44,11 +43,11 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(e.stderr, "idem consume: --partition: %v\n", err)
 		return ErrUsage
 	}
-	cfg, log, pool, err := e.loadDB(ctx, *path)
+	cfg, log, dbs, err := e.loadDB(ctx, *path)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer dbs.Close()
 	tuneGC(e.getenv)
 	crash, err := crashpoint.Hook(e.getenv)
 	if err != nil {
@@ -79,7 +78,7 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		h := telemetry.Handler(reg, readiness(pool, stats, rdb))
+		h := telemetry.Handler(reg, readiness(dbs, stats, rdb))
 		serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
 		served := make(chan struct{})
 		go func() {
@@ -95,40 +94,58 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	// Start-up: wait (bounded, logged) for a Postgres that is not up yet;
 	// stop at once on what cannot fix itself.
 	startup := cfg.Consumer.StartupTimeout
-	store := pgtier.New(pool)
-	if !*noMigrate {
-		err := waitPostgres(ctx, startup, "migrations", log, func(ctx context.Context) error {
-			ran, err := payments.Migrate(ctx, pool)
-			for _, m := range ran {
-				log.Info("applied migration", "version", m.Version, "name", m.Name)
+	stores := make([]*pgtier.Store, len(dbs))
+	var notBefore time.Time
+	for i, pool := range dbs {
+		stores[i] = pgtier.New(pool)
+		what := func(s string) string {
+			if name := dbs.name(i); name != "" {
+				return s + " on " + name
 			}
+			return s
+		}
+		if !*noMigrate {
+			err := waitPostgres(ctx, startup, what("migrations"), log, func(ctx context.Context) error {
+				ran, err := payments.Migrate(ctx, pool)
+				for _, m := range ran {
+					log.Info("applied migration", "version", m.Version, "name", m.Name, "shard", i)
+				}
+				return err
+			})
+			if err != nil {
+				return startErr(ctx, err)
+			}
+		}
+		// A shard must hold the keys the list routes to it.
+		err := waitPostgres(ctx, startup, what("checking the shard's place (postgres.shards)"), log, func(ctx context.Context) error {
+			return stores[i].CheckShard(ctx, i, len(dbs))
+		})
+		if err != nil {
+			return startErr(ctx, err)
+		}
+		// Record the retention we enforce, so that prune cannot cut below
+		// it, and learn where an earlier prune cut.
+		var horizon pgtier.Horizon
+		err = waitPostgres(ctx, startup, what("recording the retention in idem_horizon (run 'idem migrate' if the table is missing)"), log, func(ctx context.Context) (err error) {
+			horizon, err = stores[i].EnforceRetention(ctx, cfg.Postgres.Retention, cfg.Consumer.ClockSkew)
 			return err
 		})
 		if err != nil {
 			return startErr(ctx, err)
 		}
-	}
-	// Record the retention we enforce, so that prune cannot cut below it,
-	// and learn where an earlier prune cut.
-	var horizon pgtier.Horizon
-	err = waitPostgres(ctx, startup, "recording the retention in idem_horizon (run 'idem migrate' if the table is missing)", log, func(ctx context.Context) (err error) {
-		horizon, err = store.EnforceRetention(ctx, cfg.Postgres.Retention, cfg.Consumer.ClockSkew)
-		return err
-	})
-	if err != nil {
-		return startErr(ctx, err)
+		if !horizon.PrunedThrough.IsZero() {
+			notBefore = maxTime(notBefore, horizon.PrunedThrough.Add(horizon.ClockSkew))
+		}
 	}
 
-	g, closeGuard, err := buildGuard(ctx, cfg, log, store, m, crash, func(c redis.UniversalClient) { fastRedis.Store(c) })
+	g, closeGuard, err := buildGuard(ctx, cfg, log, guardStores(stores), m, crash, func(c redis.UniversalClient) { fastRedis.Store(c) })
 	if err != nil {
 		return err
 	}
 	defer closeGuard()
 	ccfg := consumerConfig(cfg, *name, log, m, crash)
 	ccfg.Only = partitions
-	if !horizon.PrunedThrough.IsZero() {
-		ccfg.NotBefore = horizon.PrunedThrough.Add(horizon.ClockSkew)
-	}
+	ccfg.NotBefore = notBefore
 	c, err := consumer.New(ccfg, g, payments.Handler{})
 	if err != nil {
 		return err
@@ -152,7 +169,9 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	if every := cfg.Postgres.PruneInterval; every > 0 {
 		pctx, stopPruning := context.WithCancel(ctx)
 		defer func() { stopPruning(); pruning.Wait() }()
-		pruning.Go(func() { pruneEvery(pctx, every, cfg, store, m, log) })
+		for i, store := range stores {
+			pruning.Go(func() { pruneEvery(pctx, every, cfg, store, m, log.With("shard", i)) })
+		}
 	}
 	err = c.Run(ctx)
 	log.Info("stopped", "outcomes", snapshot())
@@ -183,7 +202,7 @@ func parsePartitions(s string) ([]int, error) {
 // readiness is what /readyz checks: the consumer consumes and Postgres
 // answers. Redis is reported but not required: without it every event goes
 // to Postgres, correctly.
-func readiness(pool *pgxpool.Pool, stats func() consumer.Stats, rdb func() redis.UniversalClient) []telemetry.Check {
+func readiness(dbs shards, stats func() consumer.Stats, rdb func() redis.UniversalClient) []telemetry.Check {
 	return []telemetry.Check{
 		{Name: "consumer", Required: true, Run: func(context.Context) error {
 			if !stats().Consuming {
@@ -191,7 +210,18 @@ func readiness(pool *pgxpool.Pool, stats func() consumer.Stats, rdb func() redis
 			}
 			return nil
 		}},
-		{Name: "postgres", Required: true, Run: func(ctx context.Context) error { return pool.Ping(ctx) }},
+		{Name: "postgres", Required: true, Run: func(ctx context.Context) error {
+			// Every shard: a batch for a shard that is down is held.
+			for i, pool := range dbs {
+				if err := pool.Ping(ctx); err != nil {
+					if name := dbs.name(i); name != "" {
+						return fmt.Errorf("%s: %w", name, err)
+					}
+					return err
+				}
+			}
+			return nil
+		}},
 		{Name: "redis", Run: func(ctx context.Context) error {
 			c := rdb()
 			if c == nil {
@@ -230,13 +260,34 @@ func pruneEvery(ctx context.Context, every time.Duration, cfg config.Config, sto
 	}
 }
 
-// buildGuard wires the guard as cfg says: the store, and the Redis tier when
+// guardStores is the guard's view of the shards' stores.
+func guardStores(stores []*pgtier.Store) []guard.Store {
+	out := make([]guard.Store, len(stores))
+	for i, s := range stores {
+		out[i] = s
+	}
+	return out
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// buildGuard wires the guard as cfg says: the store (or the shards), and the Redis tier when
 // enabled (checked at start, breaker transitions logged and counted). onRedis,
 // if set, sees the Redis client first (to add a hook). The returned func
 // writes the last done markers and closes Redis.
-func buildGuard(ctx context.Context, cfg config.Config, log *slog.Logger, store guard.Store, m *metrics.Metrics,
+func buildGuard(ctx context.Context, cfg config.Config, log *slog.Logger, stores []guard.Store, m *metrics.Metrics,
 	hook func(context.Context, guard.Step), onRedis func(redis.UniversalClient)) (*guard.Guard, func(), error) {
-	gcfg := guard.Config{Scope: cfg.Scope, Store: store, Hook: hook, Observer: m, Logger: log}
+	gcfg := guard.Config{Scope: cfg.Scope, Hook: hook, Observer: m, Logger: log}
+	if len(stores) == 1 {
+		gcfg.Store = stores[0]
+	} else {
+		gcfg.Shards = stores
+	}
 	closeRedis := func() {}
 	if cfg.Redis.Enabled {
 		rdb, err := cfg.RedisClient()

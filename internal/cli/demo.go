@@ -30,7 +30,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	if *consumers < 1 {
 		return fmt.Errorf("demo: --consumers must be at least 1, got %d", *consumers)
 	}
-	cfg, log, pool, err := e.loadDB(ctx, *path)
+	cfg, log, dbs, err := e.loadDB(ctx, *path)
 	if err != nil {
 		return err
 	}
@@ -46,9 +46,11 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if _, err := payments.Migrate(ctx, pool); err != nil {
-		return err
+	defer dbs.Close()
+	for _, pool := range dbs {
+		if _, err := payments.Migrate(ctx, pool); err != nil {
+			return err
+		}
 	}
 
 	run := loadgen.RunID(*seed)
@@ -90,7 +92,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	}, s); err != nil {
 		return err
 	}
-	r, err := verify.Wait(ctx, pool, m, *timeout)
+	r, err := verify.WaitShards(ctx, dbs, m, *timeout)
 	if err != nil {
 		return err
 	}

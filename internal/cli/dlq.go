@@ -20,6 +20,7 @@ import (
 	"github.com/idemhq/idem/internal/dlq"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/pkg/partition"
 )
 
 var dlqCommands = []command{
@@ -253,11 +254,11 @@ func printable(b []byte) string {
 // showConflicts prints, for each payload conflict, the dedup row it
 // collided with: when the original was processed and both hashes.
 func (e *env) showConflicts(ctx context.Context, cfg config.Config, ms []dlq.Message) error {
-	pool, err := openPool(ctx, cfg)
+	dbs, err := openShards(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer dbs.Close()
 	fmt.Fprintln(e.stdout, "--- payload conflicts: the dedup rows they collided with")
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "EVENT_ID\tORIGINAL PROCESSED AT\tORIGINAL HASH\tDEAD LETTER'S HASH")
@@ -269,6 +270,8 @@ func (e *env) showConflicts(ctx context.Context, cfg config.Config, ms []dlq.Mes
 		}
 		var at time.Time
 		var hash []byte
+		// The conflict was found on the shard of the dead letter's key.
+		pool := dbs[partition.Of(ev.ShardKey, len(dbs))]
 		err = pool.QueryRow(ctx, `SELECT processed_at, payload_hash FROM idem_processed WHERE scope = $1 AND event_id = $2`,
 			cfg.Scope, ev.ID).Scan(&at, &hash)
 		switch {

@@ -22,7 +22,8 @@ func runInspect(ctx context.Context, e *env, args []string) error {
 Shows, for one event ID in the configured scope, what each tier holds: the
 Redis key (pending lease or done marker, payload hash, time to live), the
 dedup row (when it was processed, payload hash) and the reference handler's
-effect (ledger rows and the user's balance).`)
+effect (ledger rows and the user's balance). With postgres.shards it looks on
+every shard: an event ID alone does not say which shard its user maps to.`)
 	path := fs.String("config", "", "YAML config `file`")
 	// Flags may come before or after the event ID.
 	var ids []string
@@ -46,11 +47,11 @@ effect (ledger rows and the user's balance).`)
 	if err := guard.ValidateID(id); err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}
-	cfg, _, pool, err := e.loadDB(ctx, *path)
+	cfg, _, dbs, err := e.loadDB(ctx, *path)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer dbs.Close()
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	defer tw.Flush()
 	fmt.Fprintf(tw, "event:\t%s (scope %s)\n", id, cfg.Scope)
@@ -82,45 +83,63 @@ effect (ledger rows and the user's balance).`)
 		}
 	}
 
-	// The dedup row.
-	var at time.Time
 	var hash []byte
-	err = pool.QueryRow(ctx, `SELECT processed_at, payload_hash FROM idem_processed WHERE scope = $1 AND event_id = $2`, cfg.Scope, id).Scan(&at, &hash)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		fmt.Fprintln(tw, "dedup row:\tnone: not processed (or pruned past postgres.retention)")
-	case err != nil:
-		return dbErr(err)
-	default:
-		fmt.Fprintf(tw, "dedup row:\tprocessed %s (%s ago), payload hash %s\n", at.UTC().Format(time.RFC3339Nano), time.Since(at).Round(time.Second), hex.EncodeToString(hash))
-	}
+	rowsFound, n := 0, 0
+	for i, pool := range dbs {
+		on := ""
+		if name := dbs.name(i); name != "" {
+			on = " (" + name + ")"
+		}
+		// The dedup row.
+		var at time.Time
+		var h []byte
+		err = pool.QueryRow(ctx, `SELECT processed_at, payload_hash FROM idem_processed WHERE scope = $1 AND event_id = $2`, cfg.Scope, id).Scan(&at, &h)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			if len(dbs) == 1 {
+				fmt.Fprintln(tw, "dedup row:\tnone: not processed (or pruned past postgres.retention)")
+			}
+		case err != nil:
+			return dbErr(err)
+		default:
+			hash = h
+			rowsFound++
+			fmt.Fprintf(tw, "dedup row%s:\tprocessed %s (%s ago), payload hash %s\n", on, at.UTC().Format(time.RFC3339Nano), time.Since(at).Round(time.Second), hex.EncodeToString(h))
+		}
 
-	// The reference handler's effect.
-	rows, err := pool.Query(ctx, `SELECT user_id, amount, applied_at FROM payments_ledger WHERE event_id = $1 ORDER BY id`, id)
-	if err != nil {
-		return dbErr(err)
-	}
-	var users []string
-	n := 0
-	for rows.Next() {
-		var user string
-		var amount int64
-		var applied time.Time
-		if err := rows.Scan(&user, &amount, &applied); err != nil {
+		// The reference handler's effect.
+		rows, err := pool.Query(ctx, `SELECT user_id, amount, applied_at FROM payments_ledger WHERE event_id = $1 ORDER BY id`, id)
+		if err != nil {
+			return dbErr(err)
+		}
+		var users []string
+		for rows.Next() {
+			var user string
+			var amount int64
+			var applied time.Time
+			if err := rows.Scan(&user, &amount, &applied); err != nil {
+				return fmt.Errorf("database: %w", err)
+			}
+			n++
+			users = append(users, user)
+			fmt.Fprintf(tw, "ledger row %d%s:\tuser %s, amount %d, applied %s\n", n, on, user, amount, applied.UTC().Format(time.RFC3339Nano))
+		}
+		if err := rows.Err(); err != nil {
 			return fmt.Errorf("database: %w", err)
 		}
-		n++
-		users = append(users, user)
-		fmt.Fprintf(tw, "ledger row %d:\tuser %s, amount %d, applied %s\n", n, user, amount, applied.UTC().Format(time.RFC3339Nano))
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("database: %w", err)
-	}
-	if len(users) > 0 {
-		var balance int64
-		if err := pool.QueryRow(ctx, `SELECT balance FROM account_balances WHERE user_id = $1`, users[0]).Scan(&balance); err == nil {
-			fmt.Fprintf(tw, "balance of %s:\t%d\n", users[0], balance)
+		if len(users) > 0 {
+			var balance int64
+			if err := pool.QueryRow(ctx, `SELECT balance FROM account_balances WHERE user_id = $1`, users[0]).Scan(&balance); err == nil {
+				fmt.Fprintf(tw, "balance of %s%s:\t%d\n", users[0], on, balance)
+			}
 		}
+	}
+	if len(dbs) > 1 && rowsFound == 0 {
+		fmt.Fprintf(tw, "dedup row:\tnone on any of %d shards: not processed (or pruned past postgres.retention)\n", len(dbs))
+	}
+	if rowsFound > 1 {
+		fmt.Fprintf(tw, "verdict:\tDEDUP ROWS ON %d SHARDS: the ID came with userIds on different shards (a conflict sharding cannot see)\n", rowsFound)
+		return nil
 	}
 	switch {
 	case n == 0 && hash == nil:

@@ -1,35 +1,43 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
 
 	"github.com/idemhq/idem/internal/payments"
+	"github.com/idemhq/idem/pkg/guard/pgtier"
 )
 
 func runMigrate(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "migrate", "Creates idem_processed and the payments tables in the first schema of\nDATABASE_URL's search_path. Safe to run repeatedly and concurrently.")
+	fs := newFlags(e, "migrate", "Creates idem_processed and the payments tables in the first schema of\nDATABASE_URL's search_path, or on every database of postgres.shards, and\nrecords each shard's place in the list. Safe to run repeatedly and\nconcurrently.")
 	path := fs.String("config", "", "YAML config `file`")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	_, _, pool, err := e.loadDB(ctx, *path)
+	_, _, dbs, err := e.loadDB(ctx, *path)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer dbs.Close()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	ran, err := payments.Migrate(ctx, pool)
-	if err != nil {
-		return err
-	}
-	for _, m := range ran {
-		fmt.Fprintf(e.stdout, "applied %04d_%s\n", m.Version, m.Name)
-	}
-	if len(ran) == 0 {
-		fmt.Fprintln(e.stdout, "database is up to date")
+	for i, pool := range dbs {
+		where := cmp.Or(dbs.name(i), "database")
+		ran, err := payments.Migrate(ctx, pool)
+		if err != nil {
+			return fmt.Errorf("%s: %w", where, err)
+		}
+		if err := pgtier.New(pool).CheckShard(ctx, i, len(dbs)); err != nil {
+			return fmt.Errorf("postgres.shards: %s: %w", where, err)
+		}
+		for _, m := range ran {
+			fmt.Fprintf(e.stdout, "%s: applied %04d_%s\n", where, m.Version, m.Name)
+		}
+		if len(ran) == 0 {
+			fmt.Fprintf(e.stdout, "%s is up to date\n", where)
+		}
 	}
 	return nil
 }

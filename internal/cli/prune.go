@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -23,21 +24,29 @@ older than that.`)
 	if *batch < 1 {
 		return fmt.Errorf("prune: --batch must be at least 1, got %d", *batch)
 	}
-	cfg, _, pool, err := e.loadDB(ctx, *path)
+	cfg, _, dbs, err := e.loadDB(ctx, *path)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	store := pgtier.New(pool)
-	if *reset {
-		if err := store.ResetHorizon(ctx, cfg.Postgres.Retention, cfg.Consumer.ClockSkew); err != nil {
-			return err
+	defer dbs.Close()
+	// Each shard keeps its own horizon: its consumers record it there.
+	for i, pool := range dbs {
+		store := pgtier.New(pool)
+		where := cmp.Or(dbs.name(i), "database")
+		if *reset {
+			if err := store.ResetHorizon(ctx, cfg.Postgres.Retention, cfg.Consumer.ClockSkew); err != nil {
+				return fmt.Errorf("%s: %w", where, err)
+			}
 		}
+		n, cutoff, err := store.Prune(ctx, cfg.Postgres.Retention, cfg.Consumer.ClockSkew, *batch)
+		if err != nil {
+			return fmt.Errorf("%s: %w", where, err)
+		}
+		prefix := ""
+		if len(dbs) > 1 {
+			prefix = where + ": "
+		}
+		fmt.Fprintf(e.stdout, "%spruned %d dedup rows processed before %s\n", prefix, n, cutoff.UTC().Format(time.RFC3339))
 	}
-	n, cutoff, err := store.Prune(ctx, cfg.Postgres.Retention, cfg.Consumer.ClockSkew, *batch)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stdout, "pruned %d dedup rows processed before %s\n", n, cutoff.UTC().Format(time.RFC3339))
 	return nil
 }

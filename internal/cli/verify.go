@@ -14,7 +14,7 @@ import (
 var ErrVerifyFailed = errors.New("verification failed")
 
 func runVerify(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "verify", "Compares payments_ledger and account_balances with a publish manifest and\nprints a table. Exits 1 on any doubled, missing or mismatched effect.")
+	fs := newFlags(e, "verify", "Compares payments_ledger and account_balances (on every shard of\npostgres.shards) with a publish manifest and prints a table. Exits 1 on any\ndoubled, missing, misrouted or mismatched effect.")
 	path := fs.String("config", "", "YAML config `file`")
 	manifest := fs.String("manifest", "", "manifest `file` written by 'idem publish --manifest' (required)")
 	wait := fs.Duration("wait", 0, "keep checking up to this long while events are still missing")
@@ -29,12 +29,12 @@ func runVerify(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	_, _, pool, err := e.loadDB(ctx, *path)
+	_, _, dbs, err := e.loadDB(ctx, *path)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	r, err := verify.Wait(ctx, pool, m, *wait)
+	defer dbs.Close()
+	r, err := verify.WaitShards(ctx, dbs, m, *wait)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/idemhq/idem/pkg/consumer"
@@ -157,6 +158,13 @@ type Postgres struct {
 	Retention time.Duration `yaml:"retention"`
 	// MaxConns caps the connection pool. Defaults to workers + 4.
 	MaxConns int32 `yaml:"max_conns"`
+	// Shards, if set, splits the authoritative tier over several
+	// databases: their URLs separated by spaces or newlines, in a fixed
+	// order (shard 0 first). Each holds the dedup rows and the effects of
+	// the keys (userIds) that partition.Of maps to it, and records its
+	// place, so a reordered or resized list is refused at start. It
+	// replaces database_url. Env IDEM_POSTGRES_SHARDS. Defaults to empty.
+	Shards string `yaml:"shards"`
 	// PruneInterval, if set, makes each consumer run idem prune's deletion
 	// this often (counted in idem_retention_rows_pruned_total). Zero
 	// leaves pruning to idem prune. Defaults to 0.
@@ -234,6 +242,14 @@ func Load(path string, environ []string, log *slog.Logger) (Config, error) {
 		log.Warn("config: " + w)
 	}
 	return cfg, nil
+}
+
+// DatabaseURLs returns the shards' URLs in order, or database_url alone.
+func (c Config) DatabaseURLs() []string {
+	if urls := strings.Fields(c.Postgres.Shards); len(urls) > 0 {
+		return urls
+	}
+	return []string{c.DatabaseURL}
 }
 
 // Topology is the queues and dead-letter queue the settings name.

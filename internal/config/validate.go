@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -44,6 +45,15 @@ func (c Config) Validate() error {
 	}
 	if _, err := pgxpool.ParseConfig(c.DatabaseURL); err != nil {
 		return bad("database_url", "cannot be parsed as a PostgreSQL URL or DSN: %v", err)
+	}
+	shards := strings.Fields(c.Postgres.Shards)
+	for i, u := range shards {
+		if _, err := pgxpool.ParseConfig(u); err != nil {
+			return bad("postgres.shards", "shard %d cannot be parsed as a PostgreSQL URL (list URLs separated by spaces): %v", i, err)
+		}
+		if slices.Contains(shards[:i], u) {
+			return bad("postgres.shards", "shard %d repeats an earlier shard's URL", i)
+		}
 	}
 	if err := guard.ValidateScope(c.Scope); err != nil {
 		return bad("scope", "%v", err)

@@ -22,7 +22,9 @@ func (Handler) Decode(m consumer.Message) (guard.Event, Event, error) {
 	if err != nil {
 		return guard.Event{}, Event{}, err
 	}
-	return guard.Event{ID: ev.EventID, Hash: ev.Hash(), Time: ev.OccurredAt}, ev, nil
+	// The user is the shard key: a payment writes its ledger row and its
+	// balance, both keyed by the user, on the shard that holds its dedup row.
+	return guard.Event{ID: ev.EventID, Hash: ev.Hash(), Time: ev.OccurredAt, ShardKey: ev.UserID}, ev, nil
 }
 
 // Apply appends the payment to the ledger and adds it to the balance, both

@@ -51,8 +51,10 @@ func (w *worker[T]) screenStage(ctx context.Context, batches <-chan []amqp.Deliv
 		case b, ok := <-batches:
 			if !ok {
 				if len(carry) > 0 {
-					s, _ := w.screen(ctx, nil, carry)
-					w.pass(s, toDecide, finished)
+					ss, _ := w.screen(ctx, nil, carry)
+					for _, s := range ss {
+						w.pass(s, toDecide, finished)
+					}
 				}
 				return
 			}
@@ -61,10 +63,14 @@ func (w *worker[T]) screenStage(ctx context.Context, batches <-chan []amqp.Deliv
 			gathered = false // the carried items alone
 		}
 		timer.Stop()
-		s, deferred := w.screen(ctx, ds, carry)
-		s.gathered = gathered
+		ss, deferred := w.screen(ctx, ds, carry)
 		carry = deferred
-		w.pass(s, toDecide, finished)
+		for i, s := range ss {
+			// The gatherer counts batches in flight: one report per
+			// gathered batch, however many shards it was split over.
+			s.gathered = gathered && i == len(ss)-1
+			w.pass(s, toDecide, finished)
+		}
 	}
 }
 
@@ -80,11 +86,12 @@ func (w *worker[T]) pass(s screened[T], toDecide chan<- screened[T], finished ch
 }
 
 // screen decodes ds, dead-letters what cannot be processed and runs the fast
-// tier over the rest and over carry (items deferred before). A batch the fast
-// tier settles whole is acked here; any other is acked whole once decided, in
-// one multiple-ack, rather than split around deliveries still in progress.
-// It returns the batch to decide and the items it deferred.
-func (w *worker[T]) screen(ctx context.Context, ds []amqp.Delivery, carry []item[T]) (screened[T], []item[T]) {
+// tier over the rest and over carry (items deferred before), one batch per
+// shard the items map to (a transaction cannot span databases). A batch the
+// fast tier settles whole is acked here; any other is acked whole once
+// decided, in one multiple-ack, rather than split around deliveries still in
+// progress. It returns at least one batch, and the items it deferred.
+func (w *worker[T]) screen(ctx context.Context, ds []amqp.Delivery, carry []item[T]) ([]screened[T], []item[T]) {
 	items := append(make([]item[T], 0, len(carry)+len(ds)), carry...)
 	now := time.Now()
 	for _, d := range ds {
@@ -92,6 +99,31 @@ func (w *worker[T]) screen(ctx context.Context, ds []amqp.Delivery, carry []item
 			items = append(items, it)
 		}
 	}
+	g := w.c.guard
+	if g.Shards() == 1 || len(items) < 2 {
+		s, deferred := w.screenShard(ctx, items)
+		return []screened[T]{s}, deferred
+	}
+	byShard := make([][]item[T], g.Shards())
+	for _, it := range items {
+		k := g.Shard(it.ev)
+		byShard[k] = append(byShard[k], it)
+	}
+	var out []screened[T]
+	var deferred []item[T]
+	for _, group := range byShard {
+		if len(group) == 0 {
+			continue
+		}
+		s, d := w.screenShard(ctx, group)
+		out = append(out, s)
+		deferred = append(deferred, d...)
+	}
+	return out, deferred
+}
+
+// screenShard is screen for items that all map to one shard.
+func (w *worker[T]) screenShard(ctx context.Context, items []item[T]) (screened[T], []item[T]) {
 	switch {
 	case len(items) == 0:
 		return screened[T]{done: true}, nil

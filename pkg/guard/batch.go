@@ -3,6 +3,7 @@ package guard
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -55,6 +56,7 @@ type Batch struct {
 	toStore []int         // events the fast tier did not settle
 	leases  map[int]Lease // the leases Screen took, by event index
 	leased  []int         // events another holder had a lease on
+	shard   int           // the shard every event maps to
 }
 
 // Leased returns the indexes of the events whose ID another consumer holds a
@@ -100,6 +102,14 @@ func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 		}
 	}
 	b := &Batch{events: events, first: make([]int, len(events)), res: make([]Result, len(events)), leases: map[int]Lease{}}
+	if len(events) > 0 {
+		b.shard = g.Shard(events[0])
+		for _, ev := range events[1:] {
+			if s := g.Shard(ev); s != b.shard {
+				return nil, fmt.Errorf("guard: %w: %q is on shard %d, %q on shard %d", ErrMixedShards, events[0].ID, b.shard, ev.ID, s)
+			}
+		}
+	}
 	seen := make(map[string]int, len(events))
 	for i, ev := range events {
 		j, ok := seen[ev.ID]
@@ -162,7 +172,7 @@ func (g *Guard) Decide(ctx context.Context, b *Batch, apply BatchApplyFunc) ([]R
 	if len(b.toStore) == 0 {
 		return b.res, nil
 	}
-	if err := g.processInStore(ctx, b.events, b.toStore, b.first, b.res, apply); err != nil {
+	if err := g.processInStore(ctx, b.shard, b.events, b.toStore, b.first, b.res, apply); err != nil {
 		g.release(ctx, leaseList(b.leases))
 		return nil, err
 	}
@@ -193,7 +203,7 @@ func (g *Guard) Decide(ctx context.Context, b *Batch, apply BatchApplyFunc) ([]R
 // processInStore is steps 3 to 5 for the events at idx: claim their dedup
 // rows, apply the new ones, commit. It fills in their results. Only the first
 // copy of an ID goes to the store; later copies take their outcome from it.
-func (g *Guard) processInStore(ctx context.Context, events []Event, idx, first []int, res []Result, apply BatchApplyFunc) error {
+func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, idx, first []int, res []Result, apply BatchApplyFunc) error {
 	var reps, copies []int
 	rep := map[string]int{}
 	for _, i := range idx {
@@ -205,16 +215,25 @@ func (g *Guard) processInStore(ctx context.Context, events []Event, idx, first [
 		reps = append(reps, i)
 	}
 
+	store := g.stores[shard]
+	named := shard
+	if len(g.stores) == 1 {
+		named = -1
+	}
+	storeErr := func(op string, err error) *StoreError { return &StoreError{Op: op, Err: err, Shard: named} }
 	began := time.Now()
-	tx, err := g.store.Begin(ctx)
+	tx, err := store.Begin(ctx)
 	if err != nil {
-		err = &StoreError{Op: "begin", Err: err}
+		err = storeErr("begin", err)
 		g.obs.ObserveStage(ctx, StageStoreClaim, len(reps), time.Since(began), err)
 		return err
 	}
 	defer rollback(ctx, tx)
 
-	claims, err := g.claim(ctx, tx, events, reps)
+	claims, err := g.claim(ctx, store, tx, events, reps)
+	if err != nil {
+		err = storeErr("claim", err)
+	}
 	g.obs.ObserveStage(ctx, StageStoreClaim, len(reps), time.Since(began), err)
 	if err != nil {
 		return err
@@ -244,9 +263,9 @@ func (g *Guard) processInStore(ctx context.Context, events []Event, idx, first [
 		}
 	}
 	if len(unknown) > 0 {
-		more, err := g.claim(ctx, tx, events, unknown)
+		more, err := g.claim(ctx, store, tx, events, unknown)
 		if err != nil {
-			return err
+			return storeErr("claim", err)
 		}
 		for _, i := range unknown {
 			res[i] = claimResult(more[i])
@@ -274,7 +293,7 @@ func (g *Guard) processInStore(ctx context.Context, events []Event, idx, first [
 	err = tx.Commit(ctx)
 	g.obs.ObserveStage(ctx, StageCommit, len(claimed), time.Since(began), err)
 	if err != nil {
-		return &StoreError{Op: "commit", Err: err}
+		return storeErr("commit", err)
 	}
 	for _, i := range claimed {
 		res[i] = Result{Outcome: OutcomeProcessed}
@@ -291,16 +310,16 @@ func (g *Guard) processInStore(ctx context.Context, events []Event, idx, first [
 // claim claims the dedup rows of the events at idx (distinct IDs) in event
 // ID order, so that two batches lock shared rows in one order, and returns
 // the store's answer by event index.
-func (g *Guard) claim(ctx context.Context, tx pgx.Tx, events []Event, idx []int) (map[int]ClaimResult, error) {
+func (g *Guard) claim(ctx context.Context, store Store, tx pgx.Tx, events []Event, idx []int) (map[int]ClaimResult, error) {
 	order := slices.Clone(idx)
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(events[a].ID, events[b].ID) })
 	batch := make([]Event, len(order))
 	for k, i := range order {
 		batch[k] = events[i]
 	}
-	claims, err := g.store.Claim(ctx, tx, g.scope, batch)
+	claims, err := store.Claim(ctx, tx, g.scope, batch)
 	if err != nil {
-		return nil, &StoreError{Op: "claim", Err: err}
+		return nil, err
 	}
 	out := make(map[int]ClaimResult, len(order))
 	for k, i := range order {

@@ -19,6 +19,9 @@ var (
 	// the store can no longer tell whether it was processed. It must not be
 	// applied; it needs a person.
 	ErrBeyondRetention = errors.New("event's dedup row was pruned: older than the retention window")
+	// ErrMixedShards means a batch held events of more than one shard; one
+	// transaction cannot span databases. Group the events by Guard.Shard.
+	ErrMixedShards = errors.New("batch spans shards")
 )
 
 // StoreError is a failure of the authoritative tier itself (begin, claim or
@@ -27,9 +30,16 @@ var (
 type StoreError struct {
 	Op  string // "begin", "claim", "commit" or "lookup"
 	Err error
+	// Shard is the shard's index, or -1 when the guard has one store.
+	Shard int
 }
 
-func (e *StoreError) Error() string { return fmt.Sprintf("store %s: %v", e.Op, e.Err) }
+func (e *StoreError) Error() string {
+	if e.Shard >= 0 {
+		return fmt.Sprintf("store %s (shard %d): %v", e.Op, e.Shard, e.Err)
+	}
+	return fmt.Sprintf("store %s: %v", e.Op, e.Err)
+}
 func (e *StoreError) Unwrap() error { return e.Err }
 
 // HandlerError wraps an error returned by the handler. The transaction was

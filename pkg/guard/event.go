@@ -21,6 +21,12 @@ type Event struct {
 	// different payload is reported as ErrPayloadConflict instead of being
 	// dropped as a duplicate. Use HashFields or any stable digest.
 	Hash []byte
+	// ShardKey routes the event to its shard when the guard has several
+	// (Config.Shards): the key of the data its effect writes (for a
+	// payment, the user), so that the dedup row lives beside the effect.
+	// It must not change between deliveries of one event. Ignored with one
+	// store.
+	ShardKey string
 	// Time is when the producer says the event happened, if its payload
 	// carries a time; zero otherwise. The consumer measures the event's age
 	// from it (or else from the AMQP timestamp) to refuse replays older

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/pkg/partition"
 )
 
 // Step names a point in Process, between two steps of the flow. Hooks see each
@@ -35,8 +38,17 @@ type Config struct {
 	// Scope namespaces event IDs, normally the consuming service's name, so
 	// that two services can each process the same event once. Required.
 	Scope string
-	// Store is the authoritative tier. Required.
+	// Store is the authoritative tier. Required, unless Shards is set.
 	Store Store
+	// Shards, instead of Store, splits the authoritative tier over several
+	// databases: an event's dedup row goes to
+	// Shards[partition.Of(ev.ShardKey, len(Shards))], the shard that
+	// also holds its effects, so the row and the effect still commit in one
+	// transaction. The order is part of the data layout: changing it, or
+	// the number of shards, routes keys away from their history. A payload
+	// conflict between two events that share an ID but not a shard cannot
+	// be seen.
+	Shards []Store
 	// Fast is the optional fast tier. Nil means every event goes to Store.
 	Fast FastPath
 	// Hook, if set, is called after each Step. For tests and tracing.
@@ -51,8 +63,8 @@ type Config struct {
 // Guard runs handlers at most once per (scope, event ID), with the effect and
 // the dedup row committed together. It is safe for concurrent use.
 type Guard struct {
-	scope string
-	store Store
+	scope  string
+	stores []Store // one, or one per shard
 	fast  FastPath
 	hook  func(context.Context, Step)
 	obs   Observer
@@ -66,10 +78,18 @@ func New(cfg Config) (*Guard, error) {
 	if err := ValidateScope(cfg.Scope); err != nil {
 		return nil, fmt.Errorf("guard: Scope: %w", err)
 	}
-	if cfg.Store == nil {
+	stores := cfg.Shards
+	switch {
+	case cfg.Store != nil && len(cfg.Shards) > 0:
+		return nil, errors.New("guard: set Store or Shards, not both")
+	case cfg.Store != nil:
+		stores = []Store{cfg.Store}
+	case len(cfg.Shards) == 0:
 		return nil, errors.New("guard: Store is required")
+	case slices.Contains(cfg.Shards, nil):
+		return nil, errors.New("guard: Shards holds a nil Store")
 	}
-	g := &Guard{scope: cfg.Scope, store: cfg.Store, fast: cfg.Fast, hook: cfg.Hook, obs: cfg.Observer, log: cfg.Logger}
+	g := &Guard{scope: cfg.Scope, stores: stores, fast: cfg.Fast, hook: cfg.Hook, obs: cfg.Observer, log: cfg.Logger}
 	g.markers = &markerWriter{g: g}
 	if g.hook == nil {
 		g.hook = func(context.Context, Step) {}
@@ -85,6 +105,15 @@ func New(cfg Config) (*Guard, error) {
 
 // Scope returns the scope the guard namespaces event IDs by.
 func (g *Guard) Scope() string { return g.scope }
+
+// Shards returns how many shards the authoritative tier has (1 without
+// Config.Shards).
+func (g *Guard) Shards() int { return len(g.stores) }
+
+// Shard returns the index of the shard that holds ev's dedup row. A batch
+// (ProcessBatch, Screen) must keep to one shard: group events by Shard
+// first.
+func (g *Guard) Shard(ev Event) int { return partition.Of(ev.ShardKey, len(g.stores)) }
 
 // Process runs apply for ev unless ev was already processed.
 //

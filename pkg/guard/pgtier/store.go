@@ -208,6 +208,31 @@ func (s *Store) EnforceRetention(ctx context.Context, retention, skew time.Durat
 	return h, nil
 }
 
+// ErrWrongShard is returned by CheckShard when the database was recorded as
+// another shard, or as a shard of another number of shards.
+var ErrWrongShard = errors.New("database holds another shard")
+
+// CheckShard records that this database is shard shard of shards, or, if a
+// place was recorded before, returns ErrWrongShard unless it is the same.
+// Call it at start: a reordered or resized shard list would route keys to
+// databases that do not hold their dedup history.
+func (s *Store) CheckShard(ctx context.Context, shard, shards int) error {
+	if shard < 0 || shard >= shards {
+		return fmt.Errorf("check shard: want 0 <= shard < shards, got %d of %d", shard, shards)
+	}
+	var was, of int
+	err := s.pool.QueryRow(ctx, `WITH ins AS (
+			INSERT INTO idem_shard (shard, shards) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING RETURNING shard, shards)
+		SELECT shard, shards FROM ins UNION ALL SELECT shard, shards FROM idem_shard LIMIT 1`, shard, shards).Scan(&was, &of)
+	if err != nil {
+		return fmt.Errorf("check shard: %w", err)
+	}
+	if was != shard || of != shards {
+		return fmt.Errorf("%w: it was set up as shard %d of %d, and is now listed as shard %d of %d", ErrWrongShard, was, of, shard, shards)
+	}
+	return nil
+}
+
 // ErrRetentionBelowConsumers is returned by Prune when asked to cut below the
 // retention some consumer enforces.
 var ErrRetentionBelowConsumers = errors.New("retention is shorter than consumers enforce")

@@ -381,3 +381,17 @@ func TestClaimProbesTheKeyOnANewTable(t *testing.T) {
 	require.NotContains(t, plan, "Bitmap", plan)
 	require.NotContains(t, plan, "Seq Scan on idem_processed", plan)
 }
+
+// TestCheckShardRefusesAnotherPlace: a database keeps the place it was first
+// given in the shard list.
+func TestCheckShardRefusesAnotherPlace(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Schema(t)
+	s := pgtier.New(pool)
+	ctx := context.Background()
+	require.NoError(t, s.CheckShard(ctx, 1, 3))
+	require.NoError(t, s.CheckShard(ctx, 1, 3), "the same place again")
+	require.ErrorIs(t, s.CheckShard(ctx, 0, 3), pgtier.ErrWrongShard, "reordered")
+	require.ErrorIs(t, s.CheckShard(ctx, 1, 4), pgtier.ErrWrongShard, "resized")
+	require.Error(t, s.CheckShard(ctx, 3, 3))
+}
