@@ -10,6 +10,9 @@ import (
 
 var errRedisMode = errors.New("want single, cluster or sentinel")
 
+// clusterStateReload is how often a cluster client re-reads the slot map.
+const clusterStateReload = time.Second
+
 // parseRedisURL parses url with go-redis's own parser for mode: a
 // *redis.Options, *redis.ClusterOptions or *redis.FailoverOptions.
 func parseRedisURL(mode, url string) (any, error) {
@@ -60,6 +63,13 @@ func (c Config) RedisClient() (redis.UniversalClient, error) {
 	case *redis.ClusterOptions:
 		o.ContextTimeoutEnabled, o.MaxRetries = true, -1
 		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = io, io, io
+		// A dead master costs one refused dial per call, not five.
+		o.DialerRetries = 1
+		// go-redis re-reads the slot map only on MOVED or every minute:
+		// after a master dies, calls would go to it until then. Every
+		// second, the keys move to the promoted replica a second after
+		// the promotion.
+		o.ClusterStateReloadInterval = clusterStateReload
 		return redis.NewClusterClient(o), nil
 	case *redis.FailoverOptions:
 		o.ContextTimeoutEnabled, o.MaxRetries = true, -1

@@ -47,3 +47,18 @@ func FreePort(t testing.TB) int {
 	}
 	return p
 }
+
+// StartRedisCluster starts a test-owned Redis Cluster (three masters, one
+// replica each), killed at the end of the test.
+func StartRedisCluster(t testing.TB) *sandbox.RedisCluster {
+	t.Helper()
+	c, err := sandbox.StartRedisCluster(t.TempDir(), 3)
+	if err != nil {
+		if errors.Is(err, exec.ErrNotFound) {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Kill)
+	return c
+}

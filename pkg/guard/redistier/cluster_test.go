@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/config"
 	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/guardtest"
@@ -86,4 +87,49 @@ func TestStoppedClusterNodeCostsOneDeadline(t *testing.T) {
 		require.Equal(t, guard.FastSkipped, res[0].State)
 		require.Error(t, res[0].Err)
 	}
+}
+
+// TestClusterFailoverResumesTheFastTier kills a master under a client built
+// as idem consume builds it (redis.mode cluster): claims fail within their
+// deadline while the master is gone, and succeed again on every slot once
+// its replica is promoted.
+func TestClusterFailoverResumesTheFastTier(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t)
+	cfg := config.Default()
+	cfg.Redis.Mode, cfg.RedisURL = "cluster", c.URL()
+	rdb, err := cfg.RedisClient()
+	require.NoError(t, err)
+	t.Cleanup(func() { rdb.Close() })
+	const timeout = 50 * time.Millisecond
+	f, err := redistier.New(rdb, redistier.Config{Prefix: "fo", Timeout: timeout, Breaker: redistier.BreakerConfig{FailureThreshold: 1 << 30}})
+	require.NoError(t, err)
+	ctx := context.Background()
+	batch := func(i int) []guard.Event {
+		events := make([]guard.Event, 32) // on every master
+		for k := range events {
+			events[k] = guard.Event{ID: fmt.Sprintf("evt_%d_%d", i, k), Hash: guard.HashFields("x")}
+		}
+		return events
+	}
+	c.Masters(ctx)[0].Kill()
+	killed := time.Now()
+	failed := 0
+	for i := 0; ; i++ {
+		began := time.Now()
+		res := f.Claim(ctx, "svc", batch(i))
+		require.Less(t, time.Since(began), 10*timeout, "a claim outlived its deadline")
+		if res[0].Err == nil {
+			for _, r := range res {
+				require.Equal(t, guard.FastAcquired, r.State, "%v", r.Err)
+			}
+			break
+		}
+		failed++
+		require.Less(t, time.Since(killed), 20*time.Second, "the fast tier never resumed after the failover")
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Positive(t, failed, "the master's loss went unnoticed")
+	require.Len(t, c.Masters(ctx), 3, "a replica took over")
+	t.Logf("resumed %s after the kill, %d claims failed meanwhile", time.Since(killed).Round(time.Millisecond), failed)
 }
