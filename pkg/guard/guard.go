@@ -65,10 +65,10 @@ type Config struct {
 type Guard struct {
 	scope  string
 	stores []Store // one, or one per shard
-	fast  FastPath
-	hook  func(context.Context, Step)
-	obs   Observer
-	log   *slog.Logger
+	fast   FastPath
+	hook   func(context.Context, Step)
+	obs    Observer
+	log    *slog.Logger
 
 	markers *markerWriter
 }
