@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,6 +48,13 @@ type Options struct {
 	Settle time.Duration
 	// ConfigPath, if set, is passed to every consumer with --config.
 	ConfigPath string
+	// Cluster runs the fleet on distributed tiers of the run's own: a Redis
+	// Cluster (three masters, one replica each), a three-node RabbitMQ
+	// cluster with Partitions quorum queues, and two PostgreSQL shards.
+	// AMQPURL is then unused.
+	Cluster bool
+	// Partitions is the queue partitions of a Cluster run. Defaults to 4.
+	Partitions int
 	// Progress receives a line per fault and phase.
 	Progress io.Writer
 }
@@ -65,6 +73,12 @@ func (o *Options) validate() error {
 		return fmt.Errorf("chaos: --users must be at least 1, got %d", o.Users)
 	case o.Settle <= 0:
 		return fmt.Errorf("chaos: --settle must be positive, got %s", o.Settle)
+	}
+	if slices.Contains(o.Faults, RabbitKill) && !o.Cluster {
+		return fmt.Errorf("chaos: the %s fault needs --cluster", RabbitKill)
+	}
+	if o.Cluster && o.Partitions == 0 {
+		o.Partitions = 4
 	}
 	if slices.Contains(o.Faults, AMQPClose) {
 		if _, err := exec.LookPath("rabbitmqctl"); err != nil {
@@ -95,10 +109,15 @@ type run struct {
 	queue string
 	t0    time.Time
 
-	redis   *sandbox.Redis
-	pg      *sandbox.Postgres
-	pool    *pgxpool.Pool
-	appName string
+	redis    *sandbox.Redis        // a single-node run's Redis
+	rcluster *sandbox.RedisCluster // a cluster run's Redis
+	rabbit   *sandbox.RabbitCluster
+	pubNode  *sandbox.RabbitNode // the node the publisher uses: never stopped
+	amqpURL  string              // the consumers' AMQP_URL
+	pgs      []*sandbox.Postgres // the shards (one without --cluster)
+	pools    []*pgxpool.Pool
+	restarts int // pg-restart faults so far: they take the shards in turn
+	appName  string
 	fleet   *consumers
 	inspect *sandbox.Inspector
 
@@ -158,7 +177,7 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	pub := exec.CommandContext(ctx, o.Bin, "publish", "--quiet", "--count", fmt.Sprint(distinct),
 		"--users", fmt.Sprint(o.Users), "--dup-ratio", fmt.Sprint(o.DupRatio), "--delay-window", "2000",
 		"--rate", fmt.Sprint(o.Rate), "--seed", fmt.Sprint(o.Seed), "--run", r.id, "--manifest", manifest)
-	pub.Env = append(os.Environ(), "AMQP_URL="+o.AMQPURL, "IDEM_QUEUE="+r.queue)
+	pub.Env = append(os.Environ(), "AMQP_URL="+r.publishURL(), "IDEM_QUEUE="+r.queue, fmt.Sprintf("IDEM_PARTITIONS=%d", max(1, o.Partitions)))
 	pubLog, err := os.Create(filepath.Join(o.Dir, "publish.log"))
 	if err != nil {
 		return nil, err
@@ -199,7 +218,7 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	r.logf("fleet stopped")
 	// With no consumer left, whatever was unacked is back to ready: what
 	// is in the queue now is stuck.
-	if res.LeftInQueue, err = r.queueDepth(r.queue); err != nil {
+	if res.LeftInQueue, err = r.workDepth(); err != nil {
 		return nil, err
 	}
 	stopSampling()
@@ -211,7 +230,7 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	if res.DeadLetterQueue, err = r.queueDepth(r.queue + ".dlq"); err != nil {
 		return nil, err
 	}
-	if res.Verify, err = verify.Check(ctx, r.pool, m); err != nil {
+	if res.Verify, err = verify.CheckShards(ctx, r.pools, m); err != nil {
 		return nil, err
 	}
 	r.mu.Lock()
@@ -224,42 +243,138 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	return res, nil
 }
 
-// startServices starts the run's Redis and Postgres and registers their
-// removal, and the queue's.
+// startServices starts the run's Redis and Postgres (and, for a cluster
+// run, its RabbitMQ cluster) and registers their removal, and the queue's.
 func (r *run) startServices(ctx context.Context) error {
 	rdir := filepath.Join(r.o.Dir, "redis")
 	if err := os.MkdirAll(rdir, 0o755); err != nil {
 		return err
 	}
 	var err error
-	if r.redis, err = sandbox.StartRedis(rdir); err != nil {
-		return err
+	shards := 1
+	if r.o.Cluster {
+		shards = 2
+		r.logf("starting a RabbitMQ cluster (3 nodes), a Redis Cluster (3 masters, 3 replicas) and %d PostgreSQL shards", shards)
+		type started struct {
+			c   *sandbox.RabbitCluster
+			err error
+		}
+		rabbit := make(chan started, 1)
+		go func() {
+			c, err := sandbox.StartRabbitCluster(3, 2*time.Minute)
+			rabbit <- started{c, err}
+		}()
+		r.rcluster, err = sandbox.StartRedisCluster(rdir, 3)
+		mq := <-rabbit
+		if mq.c != nil {
+			r.cleanups = append(r.cleanups, mq.c.Remove)
+		}
+		if r.rcluster != nil {
+			r.cleanups = append(r.cleanups, r.rcluster.Kill)
+		}
+		if err := errors.Join(err, mq.err); err != nil {
+			return fmt.Errorf("chaos: --cluster: %w", err)
+		}
+		r.rabbit = mq.c
+		r.amqpURL = r.rabbit.URLs()
+		r.pubNode = r.rabbit.Nodes[len(r.rabbit.Nodes)-1]
+	} else {
+		if r.redis, err = sandbox.StartRedis(rdir); err != nil {
+			return err
+		}
+		r.cleanups = append(r.cleanups, r.redis.Kill)
+		r.amqpURL = r.o.AMQPURL
 	}
-	r.cleanups = append(r.cleanups, r.redis.Kill)
-	if r.pg, err = sandbox.StartPostgres(""); err != nil {
-		return fmt.Errorf("chaos: the run needs a PostgreSQL of its own (to restart it): %w", err)
+	for range shards {
+		pg, err := sandbox.StartPostgres("")
+		if err != nil {
+			return fmt.Errorf("chaos: the run needs a PostgreSQL of its own (to restart it): %w", err)
+		}
+		r.cleanups = append(r.cleanups, pg.Remove)
+		pool, err := pgxpool.New(ctx, pg.URL())
+		if err != nil {
+			return err
+		}
+		r.cleanups = append(r.cleanups, pool.Close)
+		if _, err := payments.Migrate(ctx, pool); err != nil {
+			return err
+		}
+		r.pgs, r.pools = append(r.pgs, pg), append(r.pools, pool)
 	}
-	r.cleanups = append(r.cleanups, r.pg.Remove)
-	if r.pool, err = pgxpool.New(ctx, r.pg.URL()); err != nil {
-		return err
+	if !r.o.Cluster {
+		r.cleanups = append(r.cleanups, func() { _ = sandbox.DeleteQueue(r.o.AMQPURL, r.queue) })
 	}
-	r.cleanups = append(r.cleanups, r.pool.Close)
-	if _, err := payments.Migrate(ctx, r.pool); err != nil {
-		return err
-	}
-	r.cleanups = append(r.cleanups, func() { _ = sandbox.DeleteQueue(r.o.AMQPURL, r.queue) })
-	r.inspect = sandbox.NewInspector(r.o.AMQPURL)
+	r.inspect = sandbox.NewInspector(r.publishURL())
 	r.cleanups = append(r.cleanups, r.inspect.Close)
 	return nil
 }
 
+// publishURL is where the publisher and the queue inspector connect: the
+// shared broker, or the one node of the run's cluster that is never stopped.
+func (r *run) publishURL() string {
+	if r.pubNode != nil {
+		return r.pubNode.URL()
+	}
+	return r.o.AMQPURL
+}
+
 func (r *run) consumerEnv() []string {
-	return []string{
-		"DATABASE_URL=" + sandbox.WithParam(r.pg.URL(), "application_name", r.appName),
-		"REDIS_URL=" + r.redis.URL(),
-		"AMQP_URL=" + r.o.AMQPURL,
+	var dbs []string
+	for _, pg := range r.pgs {
+		dbs = append(dbs, sandbox.WithParam(pg.URL(), "application_name", r.appName))
+	}
+	env := []string{
+		"DATABASE_URL=" + dbs[0],
+		"AMQP_URL=" + r.amqpURL,
 		"IDEM_QUEUE=" + r.queue,
 	}
+	if !r.o.Cluster {
+		return append(env, "REDIS_URL="+r.redis.URL())
+	}
+	return append(env,
+		"REDIS_URL="+r.rcluster.URL(),
+		"IDEM_REDIS_MODE=cluster",
+		"IDEM_POSTGRES_SHARDS="+strings.Join(dbs, " "),
+		fmt.Sprintf("IDEM_PARTITIONS=%d", r.o.Partitions),
+	)
+}
+
+// workQueues are the run's work queues: one, or one per partition.
+func (r *run) workQueues() []string {
+	if r.o.Partitions < 2 {
+		return []string{r.queue}
+	}
+	out := make([]string, r.o.Partitions)
+	for p := range out {
+		out[p] = fmt.Sprintf("%s.%d", r.queue, p)
+	}
+	return out
+}
+
+// workDepth is the ready messages of every work queue.
+func (r *run) workDepth() (int, error) {
+	total := 0
+	for _, q := range r.workQueues() {
+		n, err := r.queueDepth(q)
+		if err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// effects counts the ledger rows of every shard, or -1 if one does not answer.
+func (r *run) effects(ctx context.Context) int64 {
+	var total int64
+	for _, pool := range r.pools {
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM payments_ledger`).Scan(&n); err != nil {
+			return -1
+		}
+		total += n
+	}
+	return total
 }
 
 // settle waits until every event is applied and no message is ready in
@@ -268,9 +383,9 @@ func (r *run) consumerEnv() []string {
 func (r *run) settle(ctx context.Context, m loadgen.Manifest) error {
 	deadline := time.Now().Add(r.o.Settle)
 	for time.Now().Before(deadline) {
-		rep, err := verify.Check(ctx, r.pool, m)
+		rep, err := verify.CheckShards(ctx, r.pools, m)
 		if err == nil && (rep.Missing == 0 || rep.Doubled > 0) {
-			left, err := r.queueDepth(r.queue)
+			left, err := r.workDepth()
 			if err != nil {
 				return err
 			}

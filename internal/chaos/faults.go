@@ -73,44 +73,97 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 		name, err := r.fleet.arm(p.Slot, p.Step, p.After)
 		return fmt.Sprintf("%s armed to SIGKILL itself at %s (pass %d)", name, p.Step, p.After), err
 	case RedisKill:
-		r.redis.Kill()
+		node, what := r.redisTarget(ctx)
+		node.Kill()
 		hold()
-		return fmt.Sprintf("redis-server killed, down for %s", p.For), r.redis.Start()
+		return fmt.Sprintf("%s killed, down for %s", what, p.For), node.Start()
 	case RedisPause:
-		err := r.redis.Pause(ctx, p.For)
+		node, what := r.redisTarget(ctx)
+		err := node.Pause(ctx, p.For)
 		hold()
-		return fmt.Sprintf("CLIENT PAUSE %s ALL", p.For), err
+		return fmt.Sprintf("CLIENT PAUSE %s ALL on %s", p.For, what), err
 	case RedisSlow:
+		node, what := r.redisTarget(ctx)
 		sctx, cancel := context.WithTimeout(ctx, p.For)
 		defer cancel()
-		return fmt.Sprintf("DEBUG SLEEP %s in a loop for %s", p.Lag, p.For), r.redis.Slow(sctx, p.Lag)
+		return fmt.Sprintf("DEBUG SLEEP %s in a loop for %s on %s", p.Lag, p.For, what), node.Slow(sctx, p.Lag)
 	case RedisFlush:
-		return "FLUSHALL", r.redis.Do(ctx, "FLUSHALL")
+		node, what := r.redisTarget(ctx)
+		return "FLUSHALL on " + what, node.Do(ctx, "FLUSHALL")
 	case RedisEvict:
 		// 256 KB above what Redis holds now is room for a thousand or so
 		// markers: from then on, every write evicts a random key.
+		node, what := r.redisTarget(ctx)
 		ectx, cancel := context.WithTimeout(ctx, p.For)
 		defer cancel()
-		return fmt.Sprintf("maxmemory = used + 256kb, allkeys-random, for %s", p.For), r.redis.Evict(ectx, 256<<10, "allkeys-random")
+		return fmt.Sprintf("maxmemory = used + 256kb, allkeys-random, for %s on %s", p.For, what), node.Evict(ectx, 256<<10, "allkeys-random")
 	case PGTerminate:
-		var n int
-		err := r.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-			WHERE application_name = $1) t`, r.appName).Scan(&n)
-		return fmt.Sprintf("%d consumer sessions terminated", n), err
+		total := 0
+		for _, pool := range r.pools {
+			var n int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				WHERE application_name = $1) t`, r.appName).Scan(&n); err != nil {
+				return "", err
+			}
+			total += n
+		}
+		return fmt.Sprintf("%d consumer sessions terminated on %d database(s)", total, len(r.pools)), nil
 	case PGRestart:
-		if err := r.pg.Stop(); err != nil {
+		k := r.restarts % len(r.pgs)
+		r.restarts++
+		if err := r.pgs[k].Stop(); err != nil {
 			return "", err
 		}
 		hold()
-		return fmt.Sprintf("postgres stopped (immediate), down for %s", p.For), r.pg.Start()
+		what := "postgres"
+		if len(r.pgs) > 1 {
+			what = fmt.Sprintf("postgres shard %d", k)
+		}
+		return fmt.Sprintf("%s stopped (immediate), down for %s", what, p.For), r.pgs[k].Start()
 	case AMQPClose:
-		n, err := sandbox.CloseConnections(r.fleet.prefix, "idem chaos: amqp-close fault")
+		node := ""
+		if r.rabbit != nil {
+			node = r.pubNode.Name
+		}
+		n, err := sandbox.CloseConnectionsVia(node, r.fleet.prefix, "idem chaos: amqp-close fault")
 		if err == nil && n == 0 {
 			err = fmt.Errorf("no consumer connection named %s* to close", r.fleet.prefix)
 		}
 		return fmt.Sprintf("%d consumer connections closed", n), err
+	case RabbitKill:
+		node := r.rabbitTarget()
+		node.Kill()
+		hold()
+		return fmt.Sprintf("rabbitmq node %s killed, down for %s", node.Name, p.For), node.Start(2 * time.Minute)
 	}
 	return "", fmt.Errorf("unknown fault kind %q", p.Kind)
+}
+
+// redisTarget is the Redis a fault hits: the run's redis-server, or a
+// master of its cluster, the first in port order.
+func (r *run) redisTarget(ctx context.Context) (*sandbox.Redis, string) {
+	if r.rcluster == nil {
+		return r.redis, "redis-server"
+	}
+	masters := r.rcluster.Masters(ctx)
+	if len(masters) == 0 {
+		return r.rcluster.Nodes[0], "redis node :" + fmt.Sprint(r.rcluster.Nodes[0].Port)
+	}
+	return masters[0], fmt.Sprintf("redis master :%d", masters[0].Port)
+}
+
+// rabbitTarget is the node a rabbit-kill stops: the leader of the first
+// partition queue, unless that is the publisher's node; then another.
+func (r *run) rabbitTarget() *sandbox.RabbitNode {
+	if n, err := r.rabbit.Leader(r.workQueues()[0]); err == nil && n != r.pubNode {
+		return n
+	}
+	for _, n := range r.rabbit.Nodes {
+		if n != r.pubNode {
+			return n
+		}
+	}
+	return r.rabbit.Nodes[0]
 }
 
 // Sample is the fleet's state at one moment of the run.
@@ -138,9 +191,7 @@ func (r *run) sample(ctx context.Context) {
 	for {
 		s := Sample{T: r.since(), Effects: -1, Alive: r.fleet.Alive()}
 		qctx, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
-		if err := r.pool.QueryRow(qctx, `SELECT count(*) FROM payments_ledger`).Scan(&s.Effects); err != nil {
-			s.Effects = -1
-		}
+		s.Effects = r.effects(qctx)
 		cancel()
 		for _, p := range r.fleet.Procs() {
 			exited := false

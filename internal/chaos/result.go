@@ -123,6 +123,7 @@ func (res *Result) judge() {
 	add(v.WrongAmount > 0, "%d events applied with a wrong amount", v.WrongAmount)
 	add(v.Strays > 0, "%d ledger rows for events never published", v.Strays)
 	add(v.BalanceMismatch > 0, "%d balances differ from the sum of their payments", v.BalanceMismatch)
+	add(v.Misrouted > 0, "%d ledger rows or balances on a shard other than their user's", v.Misrouted)
 	add(res.LeftInQueue > 0, "%d messages stuck in the queue", res.LeftInQueue)
 	add(res.DeadLetterQueue > 0, "%d messages in the dead-letter queue", res.DeadLetterQueue)
 	add(len(res.NotDrained) > 0, "consumers did not drain on SIGTERM: %s", strings.Join(res.NotDrained, "; "))
@@ -159,17 +160,20 @@ func (res *Result) Print(w io.Writer) {
 	}
 	head("FAULTS")
 	counts := res.FaultCounts()
-	for _, k := range Kinds {
-		if n, ok := counts[k]; ok {
-			row(string(k), n)
-		}
-	}
 	steps := map[string]int{}
 	for _, c := range res.Crashes {
 		steps[c.Step]++
 	}
-	for _, s := range slices.Sorted(maps.Keys(steps)) {
-		row("  died at "+s, steps[s])
+	for _, k := range Kinds {
+		if n, ok := counts[k]; ok {
+			row(string(k), n)
+		}
+		if k != CrashPoint {
+			continue
+		}
+		for _, s := range slices.Sorted(maps.Keys(steps)) {
+			row("  died at "+s, steps[s])
+		}
 	}
 	row("consumer restarts", res.Restarts)
 	head("REDIS BREAKER")
@@ -185,6 +189,9 @@ func (res *Result) Print(w io.Writer) {
 	row("missing effects", res.Verify.Missing)
 	row("wrong amounts", res.Verify.WrongAmount)
 	row("balance mismatches", res.Verify.BalanceMismatch)
+	if res.Verify.Shards > 1 {
+		row("rows on the wrong shard", res.Verify.Misrouted)
+	}
 	row("left in queue", res.LeftInQueue)
 	row("in dead-letter queue", res.DeadLetterQueue)
 	t.print(w)

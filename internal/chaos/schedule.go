@@ -26,6 +26,7 @@ const (
 	PGTerminate  Kind = "pg-terminate"  // pg_terminate_backend on every consumer session
 	PGRestart    Kind = "pg-restart"    // stop the run's Postgres in immediate mode, start it later
 	AMQPClose    Kind = "amqp-close"    // close the consumers' broker connections, by connection name
+	RabbitKill   Kind = "rabbit-kill"   // --cluster: SIGKILL the RabbitMQ node leading a partition queue, restart it later
 )
 
 // Describe says what each kind does, for --help.
@@ -40,18 +41,24 @@ var Describe = map[Kind]string{
 	PGTerminate:  "pg_terminate_backend on every consumer session",
 	PGRestart:    "stop the run's PostgreSQL in immediate mode, start it seconds later",
 	AMQPClose:    "close the consumers' broker connections, found by connection name",
+	RabbitKill:   "--cluster only: SIGKILL the RabbitMQ node that leads a partition queue, restart it seconds later",
 }
 
 // Kinds lists every fault kind.
 var Kinds = []Kind{ConsumerKill, CrashPoint, RedisKill, RedisPause, RedisSlow, RedisFlush,
-	RedisEvict, PGTerminate, PGRestart, AMQPClose}
+	RedisEvict, PGTerminate, PGRestart, AMQPClose, RabbitKill}
+
+// ClusterOnly are the kinds that need --cluster: "all" leaves them out of a
+// run on one node.
+var ClusterOnly = []Kind{RabbitKill}
 
 func (k Kind) consumerFault() bool { return k == ConsumerKill || k == CrashPoint }
 
-// ParseKinds parses a comma-separated list of kinds; "all" is every kind.
-func ParseKinds(s string) ([]Kind, error) {
+// ParseKinds parses a comma-separated list of kinds; "all" is every kind
+// (but the ClusterOnly ones unless cluster is set).
+func ParseKinds(s string, cluster bool) ([]Kind, error) {
 	if s == "" || s == "all" {
-		return slices.Clone(Kinds), nil
+		return slices.DeleteFunc(slices.Clone(Kinds), func(k Kind) bool { return !cluster && slices.Contains(ClusterOnly, k) }), nil
 	}
 	var out []Kind
 	for _, f := range strings.Split(s, ",") {
@@ -156,7 +163,7 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind) []Planned {
 			}
 			p := Planned{Kind: k, At: at}
 			switch k {
-			case RedisKill, RedisEvict, PGRestart:
+			case RedisKill, RedisEvict, PGRestart, RabbitKill:
 				p.For = between(2*time.Second, 6*time.Second)
 			case RedisPause:
 				p.For = between(500*time.Millisecond, 3*time.Second)

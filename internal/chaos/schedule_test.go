@@ -52,13 +52,17 @@ func TestPlanOnlyTheKindsAsked(t *testing.T) {
 }
 
 func TestParseKinds(t *testing.T) {
-	all, err := ParseKinds("all")
+	all, err := ParseKinds("all", false)
+	require.NoError(t, err)
+	require.Equal(t, Kinds[:len(Kinds)-1], all, "all but the cluster-only kinds")
+	require.NotContains(t, all, RabbitKill)
+	all, err = ParseKinds("all", true)
 	require.NoError(t, err)
 	require.Equal(t, Kinds, all)
-	got, err := ParseKinds("redis-kill, pg-restart,redis-kill")
+	got, err := ParseKinds("redis-kill, pg-restart,redis-kill", false)
 	require.NoError(t, err)
 	require.Equal(t, []Kind{RedisKill, PGRestart}, got)
-	_, err = ParseKinds("redis-kill,meteor")
+	_, err = ParseKinds("redis-kill,meteor", false)
 	require.ErrorContains(t, err, `unknown fault kind "meteor"`)
 }
 

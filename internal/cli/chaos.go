@@ -26,7 +26,10 @@ be injected.
 
 It starts its own redis-server and PostgreSQL cluster (initdb must be
 installed) and declares its own queue on the broker at AMQP_URL; it needs
-rabbitmqctl on this machine to close connections. Fault kinds:
+rabbitmqctl on this machine to close connections. With --cluster it starts,
+instead, a Redis Cluster (redis-cli), a 3-node RabbitMQ cluster (the
+rabbitmq-server package, run as the rabbitmq user) and two PostgreSQL shards,
+and the Redis faults hit a master. Fault kinds:
 `+chaosKindList())
 	path := fs.String("config", "", "YAML config `file` passed to the consumers (connections and queue are the run's own)")
 	consumers := fs.Int("consumers", 4, "consumer processes")
@@ -38,13 +41,15 @@ rabbitmqctl on this machine to close connections. Fault kinds:
 	faults := fs.String("faults", "all", "comma-separated fault kinds to inject, or all")
 	settle := fs.Duration("settle", 3*time.Minute, "how long the fleet may take after the stream and the last fault to finish")
 	dir := fs.String("dir", "", "directory for logs, chaos.json and chaos.html (default: a new temp dir)")
+	cluster := fs.Bool("cluster", false, "run on a Redis Cluster, a 3-node RabbitMQ cluster with partitioned queues and 2 PostgreSQL shards of the run's own, adding rabbit-kill")
+	partitions := fs.Int("partitions", 4, "queue partitions of a --cluster run")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if *seed == 0 {
 		*seed = uint64(time.Now().UnixNano())
 	}
-	kinds, err := chaos.ParseKinds(*faults)
+	kinds, err := chaos.ParseKinds(*faults, *cluster)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "idem chaos: --faults: %v\n", err)
 		return ErrUsage
@@ -71,7 +76,7 @@ rabbitmqctl on this machine to close connections. Fault kinds:
 	res, err := chaos.Run(ctx, chaos.Options{
 		Bin: bin, Dir: *dir, AMQPURL: cfg.AMQPURL, Consumers: *consumers, Duration: *duration, Rate: *rate,
 		DupRatio: *dup, Users: *users, Seed: *seed, Faults: kinds, Settle: *settle, ConfigPath: *path,
-		Progress: e.stderr,
+		Cluster: *cluster, Partitions: *partitions, Progress: e.stderr,
 	})
 	if err != nil {
 		return err

@@ -50,11 +50,19 @@ var connName = regexp.MustCompile(`\{"connection_name","([^"]*)"\}`)
 
 // CloseConnections closes the connections whose client-provided name
 // starts with prefix, and only those, and returns how many it closed.
-func CloseConnections(prefix, why string) (int, error) {
+func CloseConnections(prefix, why string) (int, error) { return CloseConnectionsVia("", prefix, why) }
+
+// CloseConnectionsVia is CloseConnections on the cluster of node (the local
+// node if empty): every node's connections.
+func CloseConnectionsVia(node, prefix, why string) (int, error) {
 	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
 		return 0, ErrNoRabbitmqctl
 	}
-	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "--no-table-headers", "pid", "client_properties").Output()
+	var via []string
+	if node != "" {
+		via = []string{"-n", node}
+	}
+	out, err := exec.Command("rabbitmqctl", append(via, "-q", "list_connections", "--no-table-headers", "pid", "client_properties")...).Output()
 	if err != nil {
 		return 0, fmt.Errorf("sandbox: rabbitmqctl list_connections: %w", err)
 	}
@@ -69,7 +77,7 @@ func CloseConnections(prefix, why string) (int, error) {
 			continue
 		}
 		// A connection that closed since the listing is not an error.
-		if err := rabbitmqctl("close_connection", pid, why); err == nil {
+		if err := rabbitmqctl(append(via, "close_connection", pid, why)...); err == nil {
 			n++
 		}
 	}

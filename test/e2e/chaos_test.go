@@ -46,7 +46,9 @@ func TestChaosCI(t *testing.T) {
 	require.Equal(t, res.Distinct, res.Verify.ExactlyOnce)
 	require.Greater(t, res.Published, res.Distinct, "the stream must carry re-sends")
 	counts := res.FaultCounts()
-	for _, k := range chaos.Kinds {
+	kinds, err := chaos.ParseKinds("all", false)
+	require.NoError(t, err)
+	for _, k := range kinds {
 		require.Positive(t, counts[k], "fault %s never injected", k)
 	}
 	died := map[string]bool{}
@@ -63,4 +65,42 @@ func TestChaosCI(t *testing.T) {
 	html, err := os.ReadFile(filepath.Join(dir, "chaos.html"))
 	require.NoError(t, err)
 	require.Contains(t, string(html), "<svg")
+}
+
+// TestChaosClusterCI runs `idem chaos --cluster`: the fleet on a Redis
+// Cluster, a three-node RabbitMQ cluster with four partition queues and two
+// PostgreSQL shards, all the run's own, for 40 seconds of stream, with the
+// faults a distributed deployment adds (a Redis master killed, the node
+// leading a partition queue killed, a shard restarted, sessions terminated)
+// and consumers killed at every crash point. The other kinds hit one Redis
+// node as they hit the one-node run; TestChaosCI covers them.
+func TestChaosClusterCI(t *testing.T) {
+	t.Parallel()
+	seed := time.Now().UnixNano() % 1e9
+	if s, err := strconv.ParseInt(os.Getenv("IDEM_CHAOS_SEED"), 10, 64); err == nil {
+		seed = s
+	}
+	t.Logf("seed %d (rerun with IDEM_CHAOS_SEED=%d)", seed, seed)
+	dir := t.TempDir()
+	cmd := exec.Command(idemBin, "chaos", "--cluster", "--duration", "40s", "--rate", "150", "--consumers", "3",
+		"--faults", "consumer-kill,crash-point,redis-kill,rabbit-kill,pg-restart,pg-terminate",
+		"--settle", "2m", "--seed", strconv.FormatInt(seed, 10), "--dir", dir)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "idem chaos --cluster failed:\n%s", out)
+	require.Contains(t, string(out), "PASS: every event applied exactly once")
+
+	b, err := os.ReadFile(filepath.Join(dir, "chaos.json"))
+	require.NoError(t, err)
+	var res chaos.Result
+	require.NoError(t, json.Unmarshal(b, &res))
+	require.True(t, res.OK, res.Problems)
+	require.Equal(t, res.Distinct, res.Verify.ExactlyOnce)
+	require.Equal(t, 2, res.Verify.Shards)
+	require.Zero(t, res.Verify.Misrouted)
+	counts := res.FaultCounts()
+	for _, k := range []chaos.Kind{chaos.RedisKill, chaos.RabbitKill, chaos.PGRestart, chaos.PGTerminate, chaos.CrashPoint} {
+		require.Positive(t, counts[k], "fault %s never injected", k)
+	}
+	require.Positive(t, res.Breaker["closed->open"], "the master's loss must have opened a breaker")
+	require.Positive(t, res.Outcomes["count/"+consumer.CounterReconnect], "the killed node's consumers must reconnect")
 }
