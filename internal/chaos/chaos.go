@@ -118,8 +118,8 @@ type run struct {
 	pools    []*pgxpool.Pool
 	restarts int // pg-restart faults so far: they take the shards in turn
 	appName  string
-	fleet   *consumers
-	inspect *sandbox.Inspector
+	fleet    *consumers
+	inspect  *sandbox.Inspector
 
 	mu       sync.Mutex
 	faults   []Fault
