@@ -57,6 +57,9 @@ type Batch struct {
 	leases  map[int]Lease // the leases Screen took, by event index
 	leased  []int         // events another holder had a lease on
 	shard   int           // the shard every event maps to
+	// doneElsewhere marks events whose ID the fast tier knows as done
+	// with another payload.
+	doneElsewhere map[int]bool
 }
 
 // Leased returns the indexes of the events whose ID another consumer holds a
@@ -157,6 +160,12 @@ func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 		if a.State == FastPending {
 			b.leased = append(b.leased, i)
 		}
+		if a.State == FastDone {
+			if b.doneElsewhere == nil {
+				b.doneElsewhere = map[int]bool{}
+			}
+			b.doneElsewhere[i] = true
+		}
 		// Not known to be done (a pending lease never drops an event,
 		// ours or another's), or done with another payload: the
 		// store holds the hash of record and decides.
@@ -181,6 +190,11 @@ func (g *Guard) Decide(ctx context.Context, b *Batch, apply BatchApplyFunc) ([]R
 	for _, i := range b.toStore {
 		if b.first[i] != i {
 			continue
+		}
+		if b.res[i].Outcome == OutcomeProcessed && b.doneElsewhere[i] {
+			g.obs.CrossShardConflict(ctx, b.events[i])
+			g.log.WarnContext(ctx, "payload conflict the store could not see: the fast tier knew this ID as processed with another payload (on another shard, or before its row was pruned); processed here",
+				"event_id", b.events[i].ID, "shard", b.shard)
 		}
 		switch b.res[i].Outcome {
 		case OutcomeProcessed, OutcomeDuplicatePostgres:

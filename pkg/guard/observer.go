@@ -31,8 +31,18 @@ type Observer interface {
 	// on success. For StageFastClaim the error is the first fault of the
 	// fast tier's answers; such faults never fail an event.
 	ObserveStage(ctx context.Context, stage Stage, events int, took time.Duration, err error)
+	// CrossShardConflict is called for an event the store processed
+	// although the fast tier held a done marker for its ID with another
+	// payload's hash: the ID was processed before with another payload,
+	// where this event's store could not see it. With Config.Shards that is
+	// a conflict between two events that share an ID but not a shard; with
+	// one store, a dedup row pruned while its marker lived. The fast tier
+	// remembers IDs only for its done TTL, so this counts the conflicts it
+	// can see, not all.
+	CrossShardConflict(ctx context.Context, ev Event)
 }
 
 type nopObserver struct{}
 
 func (nopObserver) ObserveStage(context.Context, Stage, int, time.Duration, error) {}
+func (nopObserver) CrossShardConflict(context.Context, Event)                      {}

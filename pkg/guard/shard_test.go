@@ -3,14 +3,19 @@ package guard_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/pgtier"
+	"github.com/idemhq/idem/pkg/guard/redistier"
 	"github.com/idemhq/idem/pkg/partition"
 )
 
@@ -80,4 +85,54 @@ func TestShardsOrStoreNotBoth(t *testing.T) {
 	require.ErrorContains(t, err, "not both")
 	_, err = guard.New(guard.Config{Scope: "s", Shards: []guard.Store{pgtier.New(p), nil}})
 	require.ErrorContains(t, err, "nil Store")
+}
+
+// conflictCounter is a guard.Observer that counts cross-shard conflicts.
+type conflictCounter struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (*conflictCounter) ObserveStage(context.Context, guard.Stage, int, time.Duration, error) {}
+func (c *conflictCounter) CrossShardConflict(_ context.Context, ev guard.Event) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ids = append(c.ids, ev.ID)
+}
+
+// TestCrossShardConflictsRedisRemembersAreCounted: the same ID under keys of
+// two shards, with two payloads, is processed on both (no shard can see the
+// other's row), but the fast tier's done marker betrays it and it is
+// counted. On one shard the same pair is a payload conflict, not counted.
+func TestCrossShardConflictsRedisRemembersAreCounted(t *testing.T) {
+	t.Parallel()
+	p0, _ := testenv.Schema(t)
+	p1, _ := testenv.Schema(t)
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	fast, err := redistier.New(rdb, redistier.Config{Timeout: time.Second})
+	require.NoError(t, err)
+	obs := &conflictCounter{}
+	g, err := guard.New(guard.Config{Scope: "payments", Shards: []guard.Store{pgtier.New(p0), pgtier.New(p1)}, Fast: fast, Observer: obs})
+	require.NoError(t, err)
+	ctx := context.Background()
+	k0, k1, k0b := keyOn(0, 2), keyOn(1, 2), keyOn(0, 2)+"_"
+	for partition.Of(k0b, 2) != 0 {
+		k0b += "_"
+	}
+
+	out, err := g.Process(ctx, sharded("evt_x", k0), pay("evt_x"))
+	require.NoError(t, err)
+	require.Equal(t, guard.OutcomeProcessed, out)
+	require.NoError(t, g.Flush(ctx))
+	out, err = g.Process(ctx, sharded("evt_x", k1), pay("evt_x"))
+	require.NoError(t, err)
+	require.Equal(t, guard.OutcomeProcessed, out, "shard 1 cannot see shard 0's row")
+	require.Equal(t, []string{"evt_x"}, obs.ids)
+
+	out, err = g.Process(ctx, sharded("evt_x", k0b), pay("evt_x"))
+	require.ErrorIs(t, err, guard.ErrPayloadConflict, "on one shard the conflict is seen")
+	require.Equal(t, guard.OutcomePayloadConflict, out)
+	require.Len(t, obs.ids, 1, "a conflict the store saw is not a cross-shard one")
 }

@@ -47,6 +47,7 @@ type Metrics struct {
 	state       *prometheus.GaugeVec
 	open        prometheus.Gauge
 	pruned      prometheus.Counter
+	crossShard  prometheus.Counter
 }
 
 // Breaker states, as redistier.Filter.BreakerState names them.
@@ -100,6 +101,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "idem_retention_rows_pruned_total",
 			Help: "Dedup rows deleted by retention (postgres.prune_interval).",
 		}),
+		crossShard: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idem_cross_shard_conflicts_total",
+			Help: "Events processed although Redis knew their ID as processed with another payload: a payload conflict between shards (or with a pruned row) that the store cannot see. Counts only what Redis still remembers.",
+		}),
 	}
 	stages := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "idem_stage_duration_seconds",
@@ -107,7 +112,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12), // 0.1ms to 6s
 	}, []string{"stage"})
 	collectors := []prometheus.Collector{m.deliveries, m.deadLetters, m.eventAge, m.batchSize, m.redisErrors,
-		m.pgErrors, m.transitions, m.state, m.open, m.pruned, stages}
+		m.pgErrors, m.transitions, m.state, m.open, m.pruned, m.crossShard, stages}
 
 	m.acked = map[guard.Outcome]prometheus.Counter{}
 	for _, o := range guard.Outcomes() {
@@ -219,6 +224,9 @@ func (m *Metrics) setState(to string) {
 
 // Pruned counts dedup rows deleted by retention.
 func (m *Metrics) Pruned(rows int64) { m.pruned.Add(float64(rows)) }
+
+// CrossShardConflict implements guard.Observer.
+func (m *Metrics) CrossShardConflict(context.Context, guard.Event) { m.crossShard.Inc() }
 
 // WatchConsumer registers gauges read from stats at each scrape: whether the
 // consumer is consuming, its deliveries in flight, its unacked deliveries
