@@ -2,7 +2,7 @@
 GO ?= go
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: demo test services build lint chaos lab bench clean
+.PHONY: demo test services build lint chaos lab bench scale clean
 
 ## demo: start the local services, then run a fleet of consumers on a stream with duplicates and verify it
 demo: services build
@@ -34,6 +34,13 @@ lab: services build
 ## bench: every consumer configuration against a raw consume+ack baseline in one run (docs/performance.md)
 bench: services build
 	./bin/idem bench --json bench.json --svg docs/performance.svg $(BENCH_FLAGS)
+
+## scale: the measurements docs/scale.md is built from (row and marker sizes, CPU per tier), then idem chaos --cluster for 3 minutes
+scale: services build
+	$(GO) test -run '^$$' -bench ProcessedRowSize -benchtime 200000x ./pkg/guard/pgtier/
+	$(GO) test -run '^$$' -bench DoneMarkerMemory -benchtime 200000x ./pkg/guard/redistier/
+	./bin/idem bench --events 200000 --runs 3 --json scale-bench.json --rows 'raw 25%;batched, Redis on, 25%;batched, Redis off, 25%;batched, Redis on, 100%'
+	./bin/idem chaos --cluster --duration 3m --seed 20261130 --dir chaos-cluster-report
 
 clean:
 	rm -rf bin

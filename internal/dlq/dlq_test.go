@@ -49,3 +49,17 @@ func TestPublishingKeepsTheEventAndDropsTheDiagnosis(t *testing.T) {
 	require.Equal(t, d.Body, p.Body)
 	require.Equal(t, amqp.Persistent, p.DeliveryMode)
 }
+
+// TestReplayGoesBackToItsPartition: a dead letter is replayed onto the
+// partition queue it died in, so that its key's events keep their queue; one
+// that names no queue of the topology goes to the first.
+func TestReplayGoesBackToItsPartition(t *testing.T) {
+	topo := consumer.TopologyFor("pay", 20)
+	topo.Partitions = 4
+	r := &Replayer{topo: topo}
+	require.Equal(t, "pay.2", r.Target(Message{Queue: "pay.2"}))
+	require.Equal(t, "pay.0", r.Target(Message{Queue: "other"}))
+	require.Equal(t, "pay.0", r.Target(Message{}))
+	r.topo.Partitions = 0
+	require.Equal(t, "pay", r.Target(Message{Queue: "pay"}))
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/verify"
+	"github.com/idemhq/idem/pkg/partition"
 )
 
 // clusterEnv is a test's fleet on distributed tiers: a Redis Cluster, a
@@ -233,4 +234,23 @@ func TestFleetOnClusters(t *testing.T) {
 	r, err = verify.CheckShards(context.Background(), c.shards, m)
 	require.NoError(t, err)
 	require.True(t, r.OK(), "%+v", r)
+
+	// The operator's tools see every shard.
+	out, err := c.idem("verify", "--manifest", manifest)
+	require.NoError(t, err, out)
+	require.Contains(t, out, "PASS")
+	require.Regexp(t, `shards\s+2`, out)
+	require.Regexp(t, `misrouted rows\s+0`, out)
+	out, err = c.idem("migrate")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "shard 0 is up to date")
+	require.Contains(t, out, "shard 1 is up to date")
+	out, err = c.idem("prune")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "shard 1: pruned 0 dedup rows")
+	ev := m.Events[len(m.Events)/2]
+	out, err = c.idem("inspect", ev.EventID)
+	require.NoError(t, err, out)
+	require.Contains(t, out, fmt.Sprintf("(shard %d)", partition.Of(ev.UserID, 2)))
+	require.Regexp(t, `verdict:\s+processed once`, out)
 }
