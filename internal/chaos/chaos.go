@@ -77,6 +77,9 @@ func (o *Options) validate() error {
 	if slices.Contains(o.Faults, RabbitKill) && !o.Cluster {
 		return fmt.Errorf("chaos: the %s fault needs --cluster", RabbitKill)
 	}
+	if o.Partitions > 1 && !o.Cluster {
+		return fmt.Errorf("chaos: --partitions needs --cluster")
+	}
 	if o.Cluster && o.Partitions == 0 {
 		o.Partitions = 4
 	}
@@ -327,6 +330,7 @@ func (r *run) consumerEnv() []string {
 		"DATABASE_URL=" + dbs[0],
 		"AMQP_URL=" + r.amqpURL,
 		"IDEM_QUEUE=" + r.queue,
+		fmt.Sprintf("IDEM_PARTITIONS=%d", max(1, r.o.Partitions)), // as the publisher's
 	}
 	if !r.o.Cluster {
 		return append(env, "REDIS_URL="+r.redis.URL())
@@ -335,7 +339,6 @@ func (r *run) consumerEnv() []string {
 		"REDIS_URL="+r.rcluster.URL(),
 		"IDEM_REDIS_MODE=cluster",
 		"IDEM_POSTGRES_SHARDS="+strings.Join(dbs, " "),
-		fmt.Sprintf("IDEM_PARTITIONS=%d", r.o.Partitions),
 	)
 }
 

@@ -42,7 +42,7 @@ and the Redis faults hit a master. Fault kinds:
 	settle := fs.Duration("settle", 3*time.Minute, "how long the fleet may take after the stream and the last fault to finish")
 	dir := fs.String("dir", "", "directory for logs, chaos.json and chaos.html (default: a new temp dir)")
 	cluster := fs.Bool("cluster", false, "run on a Redis Cluster, a 3-node RabbitMQ cluster with partitioned queues and 2 PostgreSQL shards of the run's own, adding rabbit-kill")
-	partitions := fs.Int("partitions", 4, "queue partitions of a --cluster run")
+	partitions := fs.Int("partitions", 0, "queue partitions of a --cluster run (default 4)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}

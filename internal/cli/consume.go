@@ -48,6 +48,11 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer dbs.Close()
+	for _, p := range partitions {
+		if p >= cfg.Partitions {
+			return fmt.Errorf("--partition %d: the stream has %d partition(s), 0 to %d (the partitions setting, IDEM_PARTITIONS)", p, cfg.Partitions, cfg.Partitions-1)
+		}
+	}
 	tuneGC(e.getenv)
 	crash, err := crashpoint.Hook(e.getenv)
 	if err != nil {

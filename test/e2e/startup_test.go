@@ -85,3 +85,26 @@ func TestConsumerWaitsForAPostgresThatIsNotUpYet(t *testing.T) {
 	e.waitRows(1)
 	e.stopAll()
 }
+
+// TestShardListKeepsItsOrder: once migrated as shard 0 and shard 1, two
+// databases listed the other way round stop a consumer at start, naming
+// the setting, as does a partition the stream does not have.
+func TestShardListKeepsItsOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", "")
+	_, s0 := testenv.Schema(t)
+	_, s1 := testenv.Schema(t)
+	r := e.run([]string{"IDEM_POSTGRES_SHARDS=" + s0 + " " + s1}, "migrate")
+	require.Equal(t, 0, r.code, r.out)
+	require.Contains(t, r.out, "shard 1 is up to date")
+
+	r = e.run([]string{"IDEM_POSTGRES_SHARDS=" + s1 + " " + s0, "IDEM_CONSUMER_STARTUP_TIMEOUT=30s"}, "consume")
+	require.Equal(t, 1, r.code, r.out)
+	require.Contains(t, r.out, "shard 0")
+	require.Contains(t, r.out, "was set up as shard 1 of 2, and is now listed as shard 0 of 2")
+	require.NotContains(t, r.out, "msg=consuming")
+
+	r = e.run([]string{"IDEM_PARTITIONS=4"}, "consume", "--partition", "1,4")
+	require.Equal(t, 1, r.code, r.out)
+	require.Contains(t, r.out, "--partition 4: the stream has 4 partition(s), 0 to 3")
+}
