@@ -258,27 +258,19 @@ func (r *run) startServices(ctx context.Context) error {
 	if r.o.Cluster {
 		shards = 2
 		r.logf("starting a RabbitMQ cluster (3 nodes), a Redis Cluster (3 masters, 3 replicas) and %d PostgreSQL shards", shards)
-		type started struct {
-			c   *sandbox.RabbitCluster
-			err error
-		}
-		rabbit := make(chan started, 1)
-		go func() {
-			c, err := sandbox.StartRabbitCluster(3, 2*time.Minute)
-			rabbit <- started{c, err}
-		}()
+		rabbit := sandbox.StartRabbitClusterAsync(3, 2*time.Minute)
 		r.rcluster, err = sandbox.StartRedisCluster(rdir, 3)
-		mq := <-rabbit
-		if mq.c != nil {
-			r.cleanups = append(r.cleanups, mq.c.Remove)
+		mq, mqErr := rabbit()
+		if mq != nil {
+			r.cleanups = append(r.cleanups, mq.Remove)
 		}
 		if r.rcluster != nil {
 			r.cleanups = append(r.cleanups, r.rcluster.Kill)
 		}
-		if err := errors.Join(err, mq.err); err != nil {
+		if err := errors.Join(err, mqErr); err != nil {
 			return fmt.Errorf("chaos: --cluster: %w", err)
 		}
-		r.rabbit = mq.c
+		r.rabbit = mq
 		r.amqpURL = r.rabbit.URLs()
 		r.pubNode = r.rabbit.Nodes[len(r.rabbit.Nodes)-1]
 	} else {

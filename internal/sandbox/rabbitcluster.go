@@ -92,6 +92,25 @@ func StartRabbitCluster(n int, timeout time.Duration) (*RabbitCluster, error) {
 	return c, nil
 }
 
+// StartRabbitClusterAsync starts StartRabbitCluster in the background, so
+// that other services can start meanwhile (its nodes take the longest to
+// boot); wait returns what StartRabbitCluster returned.
+func StartRabbitClusterAsync(n int, timeout time.Duration) (wait func() (*RabbitCluster, error)) {
+	type started struct {
+		c   *RabbitCluster
+		err error
+	}
+	done := make(chan started, 1)
+	go func() {
+		c, err := StartRabbitCluster(n, timeout)
+		done <- started{c, err}
+	}()
+	return func() (*RabbitCluster, error) {
+		s := <-done
+		return s.c, s.err
+	}
+}
+
 func (n *RabbitNode) writeConfig(all []*RabbitNode) error {
 	if err := os.MkdirAll(n.dir, 0o755); err != nil {
 		return fmt.Errorf("sandbox: %w", err)

@@ -3,7 +3,6 @@ package testenv
 import (
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/idemhq/idem/internal/sandbox"
 )
@@ -37,19 +36,4 @@ func CloseConnections(t testing.TB, amqpURL string) {
 	if err := sandbox.CloseVHostConnections(amqpURL, "idem chaos test"); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// StartRabbitCluster starts a test-owned three-node RabbitMQ cluster,
-// removed at the end of the test.
-func StartRabbitCluster(t testing.TB) *sandbox.RabbitCluster {
-	t.Helper()
-	c, err := sandbox.StartRabbitCluster(3, 2*time.Minute)
-	if errors.Is(err, sandbox.ErrNoRabbitmqctl) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Remove)
-	return c
 }

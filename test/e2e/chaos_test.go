@@ -17,25 +17,21 @@ import (
 	"github.com/idemhq/idem/pkg/consumer"
 )
 
-// TestChaosCI runs `idem chaos` with the CI scenario: 4 consumers, 40
-// seconds of stream with a quarter re-sent, and every fault kind at least
-// once, each crash point included. The command's own verdict must pass,
-// and its JSON must show that every fault really happened.
-//
-// IDEM_CHAOS_SEED replays a seed; the seed in use is logged.
-func TestChaosCI(t *testing.T) {
-	t.Parallel()
+// runChaos runs `idem chaos` with args and a seed (IDEM_CHAOS_SEED replays
+// one; the seed in use is logged), requires its verdict to pass, and
+// returns its JSON result and its directory.
+func runChaos(t *testing.T, args ...string) (chaos.Result, string) {
+	t.Helper()
 	seed := time.Now().UnixNano() % 1e9
 	if s, err := strconv.ParseInt(os.Getenv("IDEM_CHAOS_SEED"), 10, 64); err == nil {
 		seed = s
 	}
 	t.Logf("seed %d (rerun with IDEM_CHAOS_SEED=%d)", seed, seed)
 	dir := t.TempDir()
-	cmd := exec.Command(idemBin, "chaos", "--duration", "40s", "--rate", "200", "--consumers", "4",
-		"--settle", "2m", "--seed", strconv.FormatInt(seed, 10), "--dir", dir)
+	cmd := exec.Command(idemBin, append([]string{"chaos", "--settle", "2m", "--seed", strconv.FormatInt(seed, 10), "--dir", dir}, args...)...)
 	cmd.Env = append(os.Environ(), "AMQP_URL="+testenv.AMQPURL())
 	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "idem chaos failed:\n%s", out)
+	require.NoError(t, err, "idem chaos %v failed:\n%s", args, out)
 	require.Contains(t, string(out), "PASS: every event applied exactly once")
 
 	b, err := os.ReadFile(filepath.Join(dir, "chaos.json"))
@@ -44,6 +40,18 @@ func TestChaosCI(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &res))
 	require.True(t, res.OK, res.Problems)
 	require.Equal(t, res.Distinct, res.Verify.ExactlyOnce)
+	return res, dir
+}
+
+// TestChaosCI runs `idem chaos` with the CI scenario: 4 consumers, 40
+// seconds of stream with a quarter re-sent, and every fault kind at least
+// once, each crash point included. The command's own verdict must pass,
+// and its JSON must show that every fault really happened.
+//
+// IDEM_CHAOS_SEED replays a seed; the seed in use is logged.
+func TestChaosCI(t *testing.T) {
+	t.Parallel()
+	res, dir := runChaos(t, "--duration", "40s", "--rate", "200", "--consumers", "4")
 	require.Greater(t, res.Published, res.Distinct, "the stream must carry re-sends")
 	counts := res.FaultCounts()
 	kinds, err := chaos.ParseKinds("all", false)
@@ -74,27 +82,11 @@ func TestChaosCI(t *testing.T) {
 // leading a partition queue killed, a shard restarted, sessions terminated)
 // and consumers killed at every crash point. The other kinds hit one Redis
 // node as they hit the one-node run; TestChaosCI covers them.
+//
+// Not parallel, for the same reason as TestFleetOnClusters.
 func TestChaosClusterCI(t *testing.T) {
-	t.Parallel()
-	seed := time.Now().UnixNano() % 1e9
-	if s, err := strconv.ParseInt(os.Getenv("IDEM_CHAOS_SEED"), 10, 64); err == nil {
-		seed = s
-	}
-	t.Logf("seed %d (rerun with IDEM_CHAOS_SEED=%d)", seed, seed)
-	dir := t.TempDir()
-	cmd := exec.Command(idemBin, "chaos", "--cluster", "--duration", "40s", "--rate", "150", "--consumers", "3",
-		"--faults", "consumer-kill,crash-point,redis-kill,rabbit-kill,pg-restart,pg-terminate",
-		"--settle", "2m", "--seed", strconv.FormatInt(seed, 10), "--dir", dir)
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "idem chaos --cluster failed:\n%s", out)
-	require.Contains(t, string(out), "PASS: every event applied exactly once")
-
-	b, err := os.ReadFile(filepath.Join(dir, "chaos.json"))
-	require.NoError(t, err)
-	var res chaos.Result
-	require.NoError(t, json.Unmarshal(b, &res))
-	require.True(t, res.OK, res.Problems)
-	require.Equal(t, res.Distinct, res.Verify.ExactlyOnce)
+	res, _ := runChaos(t, "--cluster", "--duration", "40s", "--rate", "150", "--consumers", "3",
+		"--faults", "consumer-kill,crash-point,redis-kill,rabbit-kill,pg-restart,pg-terminate")
 	require.Equal(t, 2, res.Verify.Shards)
 	require.Zero(t, res.Verify.Misrouted)
 	counts := res.FaultCounts()

@@ -35,25 +35,19 @@ type clusterEnv struct {
 // shared PostgreSQL, shard 1 on a test-owned server the test can restart.
 func newClusterEnv(t *testing.T, partitions int) *clusterEnv {
 	t.Helper()
-	type started struct {
-		c   *sandbox.RabbitCluster
-		err error
-	}
-	rabbit := make(chan started, 1)
-	go func() {
-		c, err := sandbox.StartRabbitCluster(3, 2*time.Minute)
-		rabbit <- started{c, err}
-	}()
+	rabbit := sandbox.StartRabbitClusterAsync(3, 2*time.Minute)
 	rc := testenv.StartRedisCluster(t)
 	pg1 := testenv.StartPostgres(t)
-	mq := <-rabbit
-	if mq.err != nil && strings.Contains(mq.err.Error(), "not installed") {
-		t.Skip(mq.err)
+	mq, err := rabbit()
+	if mq != nil {
+		t.Cleanup(mq.Remove)
 	}
-	require.NoError(t, mq.err)
-	t.Cleanup(mq.c.Remove)
+	if err != nil && strings.Contains(err.Error(), "not installed") {
+		t.Skip(err)
+	}
+	require.NoError(t, err)
 
-	e := newEnvOn(t, rc.URL(), mq.c.Nodes[0].URL(), testenv.DatabaseURL())
+	e := newEnvOn(t, rc.URL(), mq.Nodes[0].URL(), testenv.DatabaseURL())
 	pool1, url1 := testenv.SchemaOn(t, pg1.URL())
 	url1 = testenv.WithParam(url1, "application_name", e.appName)
 	var url0 string
@@ -66,9 +60,9 @@ func newClusterEnv(t *testing.T, partitions int) *clusterEnv {
 		"IDEM_REDIS_MODE=cluster",
 		"IDEM_POSTGRES_SHARDS="+url0+" "+url1,
 		fmt.Sprintf("IDEM_PARTITIONS=%d", partitions),
-		"AMQP_URL="+mq.c.URLs(),
+		"AMQP_URL="+mq.URLs(),
 	)
-	return &clusterEnv{env: e, redis: rc, rabbit: mq.c, shard1: pg1, shards: []*pgxpool.Pool{e.pool, pool1}, partitions: partitions}
+	return &clusterEnv{env: e, redis: rc, rabbit: mq, shard1: pg1, shards: []*pgxpool.Pool{e.pool, pool1}, partitions: partitions}
 }
 
 // consumeOn starts a consumer whose broker list starts at node first, taking
@@ -151,8 +145,11 @@ func (c *clusterEnv) totals() map[string]int64 {
 // shard of its user, with nothing left in any queue; the breaker must open
 // and close; and a replay of the whole stream afterwards must be dropped
 // mostly by the new Redis masters.
+//
+// It is not parallel: three RabbitMQ nodes and six Redis servers booting
+// on two cores would slow every test beside them. Go runs it before the
+// parallel tests.
 func TestFleetOnClusters(t *testing.T) {
-	t.Parallel()
 	c := newClusterEnv(t, 4)
 	consumers := []*fleet.Proc{
 		c.consumeOn("c0", 0, ""),    // every partition
