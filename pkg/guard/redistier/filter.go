@@ -126,23 +126,30 @@ func (f *Filter) Claim(ctx context.Context, scope string, events []guard.Event) 
 	token := newToken()
 	value := pendingPrefix + token
 	lease := strconv.FormatInt(f.cfg.Lease.Milliseconds(), 10)
+	answered := false
 	err := f.call(ctx, func(ctx context.Context) error {
 		cmds := make([]*redis.Cmd, len(events))
-		_, err := f.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		// Each command carries its own error; Pipelined's is the first
+		// of them, which for a new event is redis.Nil.
+		_, _ = f.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, ev := range events {
 				cmds[i] = p.Do(ctx, "SET", f.Key(scope, ev.ID), value, "PX", lease, "NX", "GET")
 			}
 			return nil
 		})
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return err
-		}
+		var failed error
 		for i, cmd := range cmds {
 			out[i] = parseClaim(cmd, token)
+			if failed == nil {
+				failed = out[i].Err
+			}
 		}
-		return nil
+		answered = true
+		// A node that failed part of the pipeline (a dead cluster master)
+		// counts against the breaker, while the other keys keep their answers.
+		return failed
 	})
-	if err != nil {
+	if err != nil && !answered {
 		for i := range out {
 			out[i] = guard.FastResult{State: guard.FastSkipped, Err: err}
 		}

@@ -2,6 +2,7 @@ package redistier_test
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"net"
 	"sync"
@@ -239,4 +240,25 @@ func TestErrorKinds(t *testing.T) {
 	err := rdb.Do(context.Background(), "NOSUCHCOMMAND").Err()
 	require.Error(t, err)
 	require.Equal(t, redistier.KindServer, redistier.ErrorKind(err))
+}
+
+// TestPartlyFailedClaimKeepsItsAnswersAndCountsAsAFailure: a pipeline whose
+// commands fail on one node only (a dead cluster master) gives the other
+// keys their answers, and counts against the breaker, so that a master that
+// stays dead opens it. Here one key holds a value the tier cannot read.
+func TestPartlyFailedClaimKeepsItsAnswersAndCountsAsAFailure(t *testing.T) {
+	m, rdb := miniClient(t)
+	f := newFilter(t, rdb, redistier.Config{Breaker: redistier.BreakerConfig{FailureThreshold: 2, MinOutage: time.Millisecond}})
+	m.Set("idem:svc:bad", "garbage")
+	bad := guard.Event{ID: "bad", Hash: guard.HashFields("bad")}
+	for i := range 2 {
+		good := guard.Event{ID: fmt.Sprintf("good_%d", i), Hash: guard.HashFields("good")}
+		res := f.Claim(context.Background(), "svc", []guard.Event{good, bad})
+		require.Equal(t, guard.FastAcquired, res[0].State, "the readable key keeps its lease")
+		require.NotEmpty(t, res[0].Token)
+		require.Equal(t, guard.FastSkipped, res[1].State)
+		require.ErrorContains(t, res[1].Err, "unexpected value")
+		time.Sleep(2 * time.Millisecond)
+	}
+	require.Equal(t, "open", f.BreakerState(), "two partly failed calls in a row open the breaker")
 }
