@@ -2,8 +2,8 @@ package redistier_test
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
