@@ -220,10 +220,14 @@ func (s *Store) CheckShard(ctx context.Context, shard, shards int) error {
 	if shard < 0 || shard >= shards {
 		return fmt.Errorf("check shard: want 0 <= shard < shards, got %d of %d", shard, shards)
 	}
+	// DO UPDATE, not DO NOTHING: the statement then waits for a first
+	// recorder that has not committed yet and returns the row it wrote. (A
+	// SELECT beside DO NOTHING reads the statement's snapshot, taken before
+	// that commit, and finds no row.) The update keeps the stored values.
 	var was, of int
-	err := s.pool.QueryRow(ctx, `WITH ins AS (
-			INSERT INTO idem_shard (shard, shards) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING RETURNING shard, shards)
-		SELECT shard, shards FROM ins UNION ALL SELECT shard, shards FROM idem_shard LIMIT 1`, shard, shards).Scan(&was, &of)
+	err := s.pool.QueryRow(ctx, `INSERT INTO idem_shard (shard, shards) VALUES ($1, $2)
+		ON CONFLICT (id) DO UPDATE SET shard = idem_shard.shard
+		RETURNING shard, shards`, shard, shards).Scan(&was, &of)
 	if err != nil {
 		return fmt.Errorf("check shard: %w", err)
 	}

@@ -395,3 +395,30 @@ func TestCheckShardRefusesAnotherPlace(t *testing.T) {
 	require.ErrorIs(t, s.CheckShard(ctx, 1, 4), pgtier.ErrWrongShard, "resized")
 	require.Error(t, s.CheckShard(ctx, 3, 3))
 }
+
+// TestCheckShardWaitsForAFirstRecorder: a consumer that checks while
+// another's first record is not committed yet waits for it, then finds the
+// same place, rather than failing (consumers of a fleet start together).
+func TestCheckShardWaitsForAFirstRecorder(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Schema(t)
+	s := pgtier.New(pool)
+	ctx := context.Background()
+	first, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer first.Rollback(ctx)
+	_, err = first.Exec(ctx, `INSERT INTO idem_shard (shard, shards) VALUES (1, 2)`)
+	require.NoError(t, err)
+
+	checked := make(chan error, 1)
+	go func() { checked <- s.CheckShard(ctx, 1, 2) }()
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO idem_shard%'`).Scan(&waiting)
+		return err == nil && waiting > 0
+	}, 10*time.Second, 5*time.Millisecond, "the second check never waited for the first record")
+	require.NoError(t, first.Commit(ctx))
+	require.NoError(t, <-checked)
+	require.ErrorIs(t, s.CheckShard(ctx, 0, 2), pgtier.ErrWrongShard)
+}
