@@ -104,11 +104,14 @@ func String(s string) string {
 // they may be printed in (as written, %-decoded, unquoted).
 func Secrets(conn string) []string {
 	var out []string
-	// A list of URLs (AMQP_URL's nodes, postgres.shards): each URL's own.
+	// A list of URLs (AMQP_URL's nodes, postgres.shards): each URL's own,
+	// and only those. Read as one URL, the list's text between two URLs
+	// would pass for a password, and a word such as the scheme with it.
 	if strings.Count(conn, "://") > 1 {
 		for _, one := range strings.FieldsFunc(conn, func(r rune) bool { return r == ',' || unicode.IsSpace(r) }) {
 			out = append(out, Secrets(one)...)
 		}
+		return out
 	}
 	add := func(s string) {
 		if s == "" {

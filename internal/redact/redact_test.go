@@ -62,6 +62,15 @@ func TestWriterMasksEachWrite(t *testing.T) {
 	require.Contains(t, buf.String(), Mask)
 }
 
+// TestAURLListMasksOnlyPasswords: in a list of URLs without passwords,
+// nothing is a secret, and the words of an error stay readable.
+func TestAURLListMasksOnlyPasswords(t *testing.T) {
+	r := New("postgres://postgres@db0:5432/pay?search_path=a postgres://postgres@db1:5432/pay", "amqp://app:pw-one-1@mq1/,amqp://app:pw-two-2@mq2/")
+	msg := "postgres.shards: shard 1 of postgres://postgres@db1:5432/pay"
+	require.Equal(t, msg, r.String(msg))
+	require.Equal(t, "amqp://app:"+Mask+"@mq2/ amqp://app:"+Mask+"@mq1/", r.String("amqp://app:pw-two-2@mq2/ amqp://app:pw-one-1@mq1/"))
+}
+
 func TestOrdinaryTextIsLeftAlone(t *testing.T) {
 	r := New("amqp://guest:pw@127.0.0.1:5672/")
 	for _, s := range []string{"consuming queue=payments.events", "redis://127.0.0.1:6379/0", "user=app host=db"} {
