@@ -51,6 +51,21 @@ func TestPlanOnlyTheKindsAsked(t *testing.T) {
 	require.Greater(t, n[ConsumerKill], 10)
 }
 
+// TestRabbitKillEndsEachRound: the slow rabbit-kill comes after the other
+// infrastructure faults of its round, whatever the seed.
+func TestRabbitKillEndsEachRound(t *testing.T) {
+	kinds := []Kind{RedisKill, PGRestart, PGTerminate, RabbitKill, ConsumerKill}
+	for seed := range uint64(50) {
+		var infra []Kind
+		for _, p := range Plan(seed, 40*time.Second, 3, kinds) {
+			if !p.Kind.consumerFault() {
+				infra = append(infra, p.Kind)
+			}
+		}
+		require.Equal(t, RabbitKill, infra[3], "seed %d: %v", seed, infra)
+	}
+}
+
 func TestParseKinds(t *testing.T) {
 	all, err := ParseKinds("all", false)
 	require.NoError(t, err)
