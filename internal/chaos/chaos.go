@@ -28,6 +28,7 @@ import (
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/verify"
+	"github.com/idemhq/idem/pkg/consumer"
 )
 
 // Options describe a run. The same options and seed give the same stream
@@ -336,14 +337,7 @@ func (r *run) consumerEnv() []string {
 
 // workQueues are the run's work queues: one, or one per partition.
 func (r *run) workQueues() []string {
-	if r.o.Partitions < 2 {
-		return []string{r.queue}
-	}
-	out := make([]string, r.o.Partitions)
-	for p := range out {
-		out[p] = fmt.Sprintf("%s.%d", r.queue, p)
-	}
-	return out
+	return consumer.Topology{Queue: r.queue, Partitions: r.o.Partitions}.Queues()
 }
 
 // workDepth is the ready messages of every work queue.

@@ -16,6 +16,7 @@ import (
 	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/verify"
+	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/partition"
 )
 
@@ -110,8 +111,8 @@ func (c *clusterEnv) queued() (work, dead int) {
 		if !n.Running() {
 			continue
 		}
-		for p := range c.partitions {
-			k, err := sandbox.ReadyMessages(n.URL(), fmt.Sprintf("%s.%d", c.queue, p))
+		for _, q := range (consumer.Topology{Queue: c.queue, Partitions: c.partitions}).Queues() {
+			k, err := sandbox.ReadyMessages(n.URL(), q)
 			require.NoError(c.t, err)
 			work += k
 		}
