@@ -252,7 +252,8 @@ func pruneEvery(ctx context.Context, every time.Duration, cfg config.Config, sto
 			return
 		case <-t.C:
 		}
-		n, cutoff, err := store.Prune(ctx, cfg.Postgres.Retention, cfg.Consumer.ClockSkew, pruneBatch)
+		n, cutoff, err := store.Prune(ctx, pgtier.PruneConfig{
+			Retention: cfg.Postgres.Retention, ClockSkew: cfg.Consumer.ClockSkew, Batch: pruneBatch})
 		m.Pruned(n)
 		switch {
 		case ctx.Err() != nil:

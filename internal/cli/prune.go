@@ -17,7 +17,8 @@ twice. It records how far it cut before deleting, and consumers refuse events
 older than that.`)
 	path := fs.String("config", "", "YAML config `file`")
 	batch := fs.Int("batch", 10000, "rows deleted per statement")
-	reset := fs.Bool("reset-horizon", false, "first set the recorded retention and clock skew to this config's (after lowering every consumer's retention)")
+	reset := fs.Bool("reset-horizon", false, "first set the recorded retention to this config's (after lowering every consumer's retention); the clock skew is only ever raised")
+	cutUntimed := fs.Bool("cut-untimed", false, "make the first cut although events without a time were claimed within the retention; from then on such events are refused (missing_time)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -38,7 +39,8 @@ older than that.`)
 				return fmt.Errorf("%s: %w", where, err)
 			}
 		}
-		n, cutoff, err := store.Prune(ctx, cfg.Postgres.Retention, cfg.Consumer.ClockSkew, *batch)
+		n, cutoff, err := store.Prune(ctx, pgtier.PruneConfig{
+			Retention: cfg.Postgres.Retention, ClockSkew: cfg.Consumer.ClockSkew, Batch: *batch, CutUntimed: *cutUntimed})
 		if err != nil {
 			return fmt.Errorf("%s: %w", where, err)
 		}

@@ -102,13 +102,16 @@ type Consumer struct {
 	// Postgres is unreachable before it goes back to the queue. Keep it
 	// under RabbitMQ's consumer_timeout (30m by default). Defaults to 1m.
 	StoreHold time.Duration `yaml:"store_hold"`
-	// ClockSkew is how far ahead of this consumer's clock an event's time
-	// may be before it is refused as future_timestamp. Defaults to 5m.
+	// ClockSkew is how far ahead of the clock an event's time may be before
+	// it is refused as future_timestamp; recorded in idem_horizon, where
+	// the claim enforces the largest recorded and prune cuts by it. At
+	// least 1s. Defaults to 5m.
 	ClockSkew time.Duration `yaml:"clock_skew"`
 	// Untimed is what happens to an event with no time (no occurredAt in
-	// the body, no AMQP timestamp): "reject" dead-letters it as
-	// missing_time; "accept" processes it, counts it, and leaves it outside
-	// the retention guarantee. Defaults to reject.
+	// the body, no AMQP timestamp): "auto" processes it while no dedup row
+	// was ever pruned, and refuses it as missing_time after a prune unless
+	// its row exists; "reject" dead-letters it as missing_time at once.
+	// Neither can apply it twice. Defaults to auto.
 	Untimed string `yaml:"untimed"`
 	// StartupTimeout bounds how long start-up waits for PostgreSQL and
 	// RabbitMQ to come up before it gives up and exits. Defaults to 2m.
@@ -195,7 +198,7 @@ func Default() Config {
 			RetryBackoffMax:     10 * time.Second,
 			StoreHold:           time.Minute,
 			ClockSkew:           5 * time.Minute,
-			Untimed:             "reject",
+			Untimed:             string(consumer.UntimedAuto),
 			StartupTimeout:      2 * time.Minute,
 		},
 		Redis: Redis{

@@ -70,7 +70,10 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"breaker open for 10000h", "redis:\n  breaker_open_timeout: 10000h\n", nil, "redis.breaker_open_timeout: 10000h0m0s is out of range; want 100ms to 10m0s"},
 		{"a million workers", "consumer:\n  workers: 1000000\n", nil, "consumer.workers: 1000000 is out of range; want 1 to 1024"},
 		{"store hold past the broker's ack timeout", "consumer:\n  store_hold: 1h\n", nil, "consumer.store_hold"},
-		{"untimed policy", "consumer:\n  untimed: maybe\n", nil, `consumer.untimed: "maybe" is not a policy; want reject or accept`},
+		{"untimed policy", "consumer:\n  untimed: maybe\n", nil, `consumer.untimed: "maybe" is not a policy; want auto or reject`},
+		{"untimed accept, removed", "consumer:\n  untimed: accept\n", nil, `consumer.untimed: accept was removed`},
+		// A zero skew was recorded as zero while the consumer enforced 5m.
+		{"zero clock skew", "consumer:\n  clock_skew: 0s\n", nil, `consumer.clock_skew: 0s is out of range; want 1s to 1d`},
 		{"retention under an hour", "postgres:\n  retention: 1m\n", nil, "postgres.retention"},
 		{"huge integer", "", map[string]string{"IDEM_CONSUMER_WORKERS": "99999999999999999999"}, `consumer.workers (from IDEM_CONSUMER_WORKERS): "99999999999999999999" is not a whole number`},
 		{"duration as a sentence", "", map[string]string{"IDEM_REDIS_LEASE": "30"}, `redis.lease (from IDEM_REDIS_LEASE): "30" is not a duration; write one such as 250ms`},

@@ -100,7 +100,7 @@ func (c Config) Validate() error {
 		{"consumer.retry_backoff_min", c.Consumer.RetryBackoffMin, time.Millisecond, time.Minute},
 		{"consumer.retry_backoff_max", c.Consumer.RetryBackoffMax, time.Millisecond, time.Hour},
 		{"consumer.store_hold", c.Consumer.StoreHold, time.Second, 25 * time.Minute},
-		{"consumer.clock_skew", c.Consumer.ClockSkew, 0, day},
+		{"consumer.clock_skew", c.Consumer.ClockSkew, time.Second, day},
 		{"consumer.startup_timeout", c.Consumer.StartupTimeout, time.Second, day},
 		{"postgres.retention", c.Postgres.Retention, time.Hour, 10 * 365 * day},
 		{"redis.lease", c.Redis.Lease, 100 * time.Millisecond, day},
@@ -114,8 +114,12 @@ func (c Config) Validate() error {
 			return bad(r.field, "%s is out of range; want %s to %s", r.v, fmtDuration(r.lo), fmtDuration(r.hi))
 		}
 	}
-	if c.Consumer.Untimed != "reject" && c.Consumer.Untimed != "accept" {
-		return bad("consumer.untimed", "%q is not a policy; want reject or accept", c.Consumer.Untimed)
+	switch consumer.UntimedPolicy(c.Consumer.Untimed) {
+	case consumer.UntimedAuto, consumer.UntimedReject:
+	case "accept":
+		return bad("consumer.untimed", "accept was removed: it could apply an untimed event twice after a prune; auto accepts untimed events until the first prune and is safe")
+	default:
+		return bad("consumer.untimed", "%q is not a policy; want auto or reject", c.Consumer.Untimed)
 	}
 	switch {
 	case c.Consumer.BrokerDeliveryLimit < c.Consumer.DeliveryLimit:

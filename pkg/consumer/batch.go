@@ -105,7 +105,8 @@ func (w *worker[T]) applyBatch(items []item[T]) guard.BatchApplyFunc {
 	}
 }
 
-// settle acks a processed batch, and dead-letters its payload conflicts. An
+// settle acks a processed batch, and dead-letters its payload conflicts and
+// the events the store refused. An
 // item without an outcome (which the guard never returns) goes back to the
 // queue rather than be acked.
 func (w *worker[T]) settle(ctx context.Context, items []item[T], res []guard.Result) {
@@ -115,6 +116,11 @@ func (w *worker[T]) settle(ctx context.Context, items []item[T], res []guard.Res
 		switch r.Outcome {
 		case guard.OutcomePayloadConflict:
 			w.deadLetter(ctx, items[i], ReasonPayloadConflict, r.Err)
+			continue
+		case guard.OutcomeRefused:
+			// Outside the horizon the store enforces, checked at the claim.
+			_, reason := classify(r.Err, false)
+			w.deadLetter(ctx, items[i], reason, r.Err)
 			continue
 		case guard.OutcomeUnknown:
 			w.c.cfg.Logger.Error("no outcome for a delivery of a decided batch: handing it back (a bug)", "event_id", items[i].ev.ID)

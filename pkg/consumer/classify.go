@@ -39,6 +39,10 @@ func classify(err error, timedOut bool) (verdict, string) {
 		return deadLetterNow, ReasonInvalidEvent
 	case errors.Is(err, guard.ErrBeyondRetention):
 		return deadLetterNow, ReasonBeyondRetention
+	case errors.Is(err, guard.ErrFutureEvent):
+		return deadLetterNow, ReasonFutureTimestamp
+	case errors.Is(err, guard.ErrUntimedEvent):
+		return deadLetterNow, ReasonMissingTime
 	}
 	if code := pgtier.SQLState(err); code != "" {
 		switch {

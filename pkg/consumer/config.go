@@ -30,17 +30,19 @@ const (
 )
 
 // UntimedPolicy says what the consumer does with an event that carries no
-// time, while Config.Retention is set.
+// time (no guard.Event.Time from Decode, no AMQP timestamp).
 type UntimedPolicy string
 
 const (
-	// UntimedReject dead-letters it as ReasonMissingTime: its age cannot be
-	// checked, so it could be a replay of an event whose dedup row was
-	// pruned. The default.
+	// UntimedAuto lets it through to the store while no dedup row was ever
+	// pruned, when its row, if any, is certainly still there; once a prune
+	// has cut, the store refuses it (ReasonMissingTime) unless its row
+	// exists. It can never be applied twice. The default.
+	UntimedAuto UntimedPolicy = "auto"
+	// UntimedReject dead-letters it as ReasonMissingTime at once, for an
+	// operator who wants to learn from the first message that a producer
+	// stopped stamping its events.
 	UntimedReject UntimedPolicy = "reject"
-	// UntimedAccept processes it and counts it (CounterUntimedAccepted).
-	// Such events are outside the retention guarantee.
-	UntimedAccept UntimedPolicy = "accept"
 )
 
 // Default backoffs for Config.
@@ -98,11 +100,14 @@ type Config struct {
 	// Defaults to DefaultHandlerTimeout.
 	HandlerTimeout time.Duration
 	// Retention, if positive, refuses (dead-letters as ReasonBeyondRetention)
-	// an event whose time is that old or older: its dedup row may have been
-	// pruned, so processing it could apply it twice. The event's time is
-	// guard.Event.Time from Decode (the producer's payload), else the AMQP
-	// timestamp; never this consumer's clock or a header. Set it to the
-	// store's retention. Zero disables every time check.
+	// an event whose time is that old or older when it is decoded, before
+	// it costs a claim: its dedup row may have been pruned. The event's time
+	// is guard.Event.Time from Decode (the producer's payload), else the
+	// AMQP timestamp; never this consumer's clock or a header. Set it to the
+	// store's retention. The store checks the horizon again, by the values
+	// it records, when it claims the row (see pgtier.Store.Claim); that
+	// check, not this one, is what keeps a held or replayed event from
+	// being applied twice. Zero turns this early check off.
 	Retention time.Duration
 	// NotBefore, if set, refuses events older than it as
 	// ReasonBeyondRetention too: rows before it were pruned (see
@@ -110,10 +115,12 @@ type Config struct {
 	NotBefore time.Time
 	// ClockSkew is how far in the future an event's time may be before it
 	// is refused as ReasonFutureTimestamp (a future time would keep a
-	// replay inside the horizon forever). Defaults to DefaultClockSkew.
+	// replay inside the horizon forever), in the early check. Pass the same
+	// value to pgtier.Store.EnforceRetention: the store enforces the one it
+	// records. Defaults to DefaultClockSkew.
 	ClockSkew time.Duration
-	// Untimed is what happens to an event with no time while Retention is
-	// set. Defaults to UntimedReject.
+	// Untimed is what happens to an event with no time. Defaults to
+	// UntimedAuto.
 	Untimed UntimedPolicy
 	// StoreHold bounds how long a delivery is held and retried in place
 	// while Postgres is unreachable; after it the delivery goes back to the
@@ -198,7 +205,7 @@ func (c *Config) setDefaults() {
 		c.ClockSkew = DefaultClockSkew
 	}
 	if c.Untimed == "" {
-		c.Untimed = UntimedReject
+		c.Untimed = UntimedAuto
 	}
 	if c.Observer == nil {
 		c.Observer = nopObserver{}
@@ -258,8 +265,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("consumer: StoreHold must be positive, got %s", c.StoreHold)
 	case c.ClockSkew < 0:
 		return fmt.Errorf("consumer: ClockSkew must not be negative, got %s", c.ClockSkew)
-	case c.Untimed != UntimedReject && c.Untimed != UntimedAccept:
-		return fmt.Errorf("consumer: Untimed must be %q or %q, got %q", UntimedReject, UntimedAccept, c.Untimed)
+	case c.Untimed != UntimedAuto && c.Untimed != UntimedReject:
+		return fmt.Errorf("consumer: Untimed must be %q or %q, got %q", UntimedAuto, UntimedReject, c.Untimed)
 	case c.Prefetch > 65535:
 		return fmt.Errorf("consumer: Prefetch must be at most 65535 (AMQP sends it as 16 bits), got %d", c.Prefetch)
 	}

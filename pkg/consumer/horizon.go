@@ -1,27 +1,35 @@
 package consumer
 
 import (
+	"errors"
 	"fmt"
 	"time"
 )
 
-// checkTime applies the replay horizon to an event's time t (zero if it has
-// none) at now, and returns the dead-letter reason and cause of a refusal.
-// Rows are pruned by the time they were processed, which is never before the
-// event's time (less ClockSkew), so an event younger than Retention still
-// has its row.
+// checkTime applies the replay horizon early, when a delivery is decoded, to
+// an event's time t (zero if it has none) at now, and returns the
+// dead-letter reason and cause of a refusal. Rows are pruned by the time
+// they were processed, which is never before the event's time (less
+// ClockSkew), so an event younger than Retention still has its row. The
+// store checks again when it claims the row, however long the delivery was
+// held in between.
 func (c *Consumer[T]) checkTime(t, now time.Time) (string, error) {
 	cfg := &c.cfg
+	if t.IsZero() {
+		switch {
+		case cfg.Untimed == UntimedReject:
+			return ReasonMissingTime, errors.New("the event has no time (no time in its payload and no AMQP timestamp), and consumer.untimed is reject")
+		case !cfg.NotBefore.IsZero():
+			return ReasonMissingTime, fmt.Errorf("the event has no time (no time in its payload and no AMQP timestamp), and dedup rows were pruned through %s, so it cannot be told from a replay",
+				cfg.NotBefore.UTC().Format(time.RFC3339))
+		}
+		cfg.Observer.Count(CounterUntimedAccepted, 1)
+		return "", nil
+	}
 	if cfg.Retention <= 0 {
 		return "", nil
 	}
 	switch {
-	case t.IsZero():
-		if cfg.Untimed == UntimedAccept {
-			cfg.Observer.Count(CounterUntimedAccepted, 1)
-			return "", nil
-		}
-		return ReasonMissingTime, fmt.Errorf("the event has no time (no occurredAt and no AMQP timestamp), so its age cannot be checked against the %s retention", cfg.Retention)
 	case t.After(now.Add(cfg.ClockSkew)):
 		return ReasonFutureTimestamp, fmt.Errorf("event time %s is %s ahead of this consumer's clock (clock_skew %s)",
 			t.UTC().Format(time.RFC3339), t.Sub(now).Round(time.Second), cfg.ClockSkew)

@@ -24,11 +24,13 @@ func TestCheckTimeEnforcesTheHorizon(t *testing.T) {
 		{"a year ahead", Config{Retention: 30 * day}, now.Add(365 * day), ReasonFutureTimestamp, false},
 		{"ahead within skew", Config{Retention: 30 * day}, now.Add(4 * time.Minute), "", false},
 		{"ahead past a custom skew", Config{Retention: 30 * day, ClockSkew: time.Second}, now.Add(2 * time.Second), ReasonFutureTimestamp, false},
-		{"untimed, default policy", Config{Retention: 30 * day}, time.Time{}, ReasonMissingTime, false},
-		{"untimed, accepted", Config{Retention: 30 * day, Untimed: UntimedAccept}, time.Time{}, "", true},
+		{"untimed, default policy, nothing pruned", Config{Retention: 30 * day}, time.Time{}, "", true},
+		{"untimed, default policy, after a prune", Config{Retention: 30 * day, NotBefore: now.Add(-10 * day)}, time.Time{}, ReasonMissingTime, false},
+		{"untimed, rejected", Config{Retention: 30 * day, Untimed: UntimedReject}, time.Time{}, ReasonMissingTime, false},
 		{"before the last prune", Config{Retention: 30 * day, NotBefore: now.Add(-10 * day)}, now.Add(-11 * day), ReasonBeyondRetention, false},
 		{"after the last prune", Config{Retention: 30 * day, NotBefore: now.Add(-10 * day)}, now.Add(-9 * day), "", false},
-		{"retention off", Config{}, time.Time{}, "", false},
+		{"retention off", Config{}, now.Add(-365 * day), "", false},
+		{"retention off, untimed rejected", Config{Untimed: UntimedReject}, time.Time{}, ReasonMissingTime, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -56,8 +56,8 @@ const (
 	// CounterStoreRetry counts attempts retried in place because Postgres
 	// was unreachable (the delivery is held, its budget untouched).
 	CounterStoreRetry = "store_retries_in_place"
-	// CounterUntimedAccepted counts events processed without a time under
-	// UntimedAccept.
+	// CounterUntimedAccepted counts events without a time let through to
+	// the store under UntimedAuto (which still refuses them after a prune).
 	CounterUntimedAccepted = "untimed_accepted"
 	// CounterBatchSplit counts batches split in two because their
 	// transaction failed for a reason that may be one event's.

@@ -15,7 +15,8 @@ import (
 type Result struct {
 	Outcome Outcome
 	// Err is ErrPayloadConflict when Outcome is OutcomePayloadConflict,
-	// nil otherwise.
+	// why the store refused the event when Outcome is OutcomeRefused, nil
+	// otherwise.
 	Err error
 }
 
@@ -263,6 +264,8 @@ func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, i
 		r := rep[events[i].ID]
 		same := bytes.Equal(events[i].Hash, events[r].Hash)
 		switch {
+		case claims[r].Refused():
+			res[i] = claimResult(claims[r]) // no row to compare with: refused alike
 		case claims[r] == ClaimInserted && same:
 			res[i] = Result{Outcome: OutcomeDuplicateBatch}
 		case claims[r] == ClaimDuplicate && same:
@@ -349,6 +352,9 @@ func claimResult(c ClaimResult) Result {
 		return Result{Outcome: OutcomeDuplicatePostgres}
 	case ClaimConflict:
 		return Result{Outcome: OutcomePayloadConflict, Err: ErrPayloadConflict}
+	}
+	if c.Refused() {
+		return Result{Outcome: OutcomeRefused, Err: c.Err()}
 	}
 	return Result{} // inserted: processed once it commits
 }

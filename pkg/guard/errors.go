@@ -14,11 +14,21 @@ var (
 	ErrInvalidID = errors.New("invalid event id")
 	// ErrInvalidEvent means an Event lacks its payload hash.
 	ErrInvalidEvent = errors.New("invalid event")
-	// ErrBeyondRetention means the event's dedup row was pruned while the
-	// event was being claimed: it is older than the retention window, so
-	// the store can no longer tell whether it was processed. It must not be
-	// applied; it needs a person.
-	ErrBeyondRetention = errors.New("event's dedup row was pruned: older than the retention window")
+	// ErrBeyondRetention means the store refused to claim the event because
+	// it is older than the replay horizon the store enforces (its retention,
+	// or where a prune cut), or its dedup row was pruned while it was being
+	// claimed. The store can no longer tell whether it was processed: it
+	// must not be applied; it needs a person.
+	ErrBeyondRetention = errors.New("event is older than the replay horizon: its dedup row may have been pruned")
+	// ErrFutureEvent means the store refused to claim the event because its
+	// time is further ahead of the database's clock than the clock skew the
+	// store enforces. Accepting it would keep its replays inside the horizon
+	// longer than its dedup row is kept.
+	ErrFutureEvent = errors.New("event time is further ahead than the clock skew allows")
+	// ErrUntimedEvent means the store refused to claim an event that carries
+	// no time, because dedup rows were pruned: it could be a replay of an
+	// event whose row is gone.
+	ErrUntimedEvent = errors.New("event has no time and dedup rows were pruned: it cannot be told from a replay")
 	// ErrMixedShards means a batch held events of more than one shard; one
 	// transaction cannot span databases. Group the events by Guard.Shard.
 	ErrMixedShards = errors.New("batch spans shards")

@@ -23,6 +23,11 @@ const (
 	// OutcomeDuplicateBatch: another copy of the event, with the same
 	// payload hash, was in the same batch and committed.
 	OutcomeDuplicateBatch
+	// OutcomeRefused: the store refused to claim the event, which is
+	// outside the replay horizon it enforces; Result.Err says how
+	// (ErrBeyondRetention, ErrFutureEvent or ErrUntimedEvent). Nothing was
+	// applied. The consumer dead-letters it.
+	OutcomeRefused
 )
 
 var outcomeNames = [...]string{
@@ -34,6 +39,7 @@ var outcomeNames = [...]string{
 	OutcomeRetry:             "retry",
 	OutcomeDeadLettered:      "dead_lettered",
 	OutcomeDuplicateBatch:    "duplicate_batch",
+	OutcomeRefused:           "refused",
 }
 
 // String returns the snake_case name used in logs and metrics.

@@ -69,7 +69,9 @@ type Lease struct {
 
 // Store is the authoritative tier. Claim must insert a dedup row for each
 // event inside tx, so that the row commits or rolls back with the handler's
-// effect.
+// effect. A store that prunes rows must also refuse, at claim time, an event
+// whose row it may have pruned and cannot find (ClaimExpired, ClaimFuture,
+// ClaimUntimed): only the store knows where it cut.
 type Store interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Claim(ctx context.Context, tx pgx.Tx, scope string, events []Event) ([]ClaimResult, error)
@@ -85,7 +87,33 @@ const (
 	ClaimDuplicate
 	// ClaimConflict: a committed row with a different payload hash exists.
 	ClaimConflict
+	// ClaimExpired: no row exists, and the event is older than the replay
+	// horizon the store enforces: its row may have been pruned. Refused.
+	ClaimExpired
+	// ClaimFuture: no row exists, and the event's time is further ahead
+	// than the store's clock skew allows. Refused.
+	ClaimFuture
+	// ClaimUntimed: no row exists, the event has no time, and the store has
+	// pruned rows. Refused.
+	ClaimUntimed
 )
+
+// Refused reports whether the store refused to claim the event
+// (ClaimExpired, ClaimFuture or ClaimUntimed).
+func (r ClaimResult) Refused() bool { return r >= ClaimExpired && r <= ClaimUntimed }
+
+// Err returns the error that stands for a refusal, nil for other results.
+func (r ClaimResult) Err() error {
+	switch r {
+	case ClaimExpired:
+		return ErrBeyondRetention
+	case ClaimFuture:
+		return ErrFutureEvent
+	case ClaimUntimed:
+		return ErrUntimedEvent
+	}
+	return nil
+}
 
 func (r ClaimResult) String() string {
 	switch r {
@@ -95,6 +123,12 @@ func (r ClaimResult) String() string {
 		return "duplicate"
 	case ClaimConflict:
 		return "conflict"
+	case ClaimExpired:
+		return "expired"
+	case ClaimFuture:
+		return "future"
+	case ClaimUntimed:
+		return "untimed"
 	}
 	return fmt.Sprintf("ClaimResult(%d)", int(r))
 }

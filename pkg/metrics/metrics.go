@@ -148,7 +148,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 
 var counterHelp = map[string]string{
 	consumer.CounterStoreRetry:         "Attempts retried in place because Postgres was unreachable (the delivery held, its budget untouched).",
-	consumer.CounterUntimedAccepted:    "Events processed without a time (consumer.untimed: accept).",
+	consumer.CounterUntimedAccepted:    "Events without a time let through to the store (consumer.untimed: auto); it refuses them once rows were pruned.",
 	consumer.CounterBatchSplit:         "Batches split in two because their transaction failed for a reason that may be one event's.",
 	consumer.CounterDeferred:           "Batches that set events aside for a moment because another consumer held their Redis lease.",
 	consumer.CounterReconnect:          "Reconnections to RabbitMQ after a session ended or a dial failed.",

@@ -25,7 +25,9 @@ func body(s string) amqp.Publishing {
 func TestBadInputIsDeadLetteredWithAReason(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "", "")
-	e.vars = append(e.vars, "IDEM_CONSUMER_DELIVERY_LIMIT=3")
+	// reject: an untimed event is dead-lettered at once (auto processes it
+	// until the first prune: TestUntimedEventsByDefault).
+	e.vars = append(e.vars, "IDEM_CONSUMER_DELIVERY_LIMIT=3", "IDEM_CONSUMER_UNTIMED=reject")
 	e.poisonLedger()
 	// A balance one payment short of overflowing bigint.
 	_, err := e.pool.Exec(context.Background(), `INSERT INTO account_balances (user_id, balance) VALUES ('user_rich', 9223372036854775000)`)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -19,6 +20,12 @@ import (
 
 func ev(id, payload string) guard.Event {
 	return guard.Event{ID: id, Hash: guard.HashFields(id, payload)}
+}
+
+// at is e with the producer's time t.
+func at(e guard.Event, t time.Time) guard.Event {
+	e.Time = t
+	return e
 }
 
 // claim claims e in a new transaction and leaves it open for the caller.
@@ -197,11 +204,12 @@ func TestPruneDeletesOnlyRowsPastRetention(t *testing.T) {
 	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("fresh", "a")))
 	_, err := pool.Exec(ctx, `UPDATE idem_processed SET processed_at = now() - interval '2 days' WHERE event_id = 'old'`)
 	require.NoError(t, err)
-	n, cutoff, err := s.Prune(ctx, 24*time.Hour, 5*time.Minute, 1)
+	n, cutoff, err := s.Prune(ctx, pgtier.PruneConfig{Retention: 24 * time.Hour, ClockSkew: 5 * time.Minute, Batch: 1})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
 	require.WithinDuration(t, time.Now().Add(-24*time.Hour-5*time.Minute), cutoff, time.Minute)
-	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("old", "a")))
+	require.Equal(t, guard.ClaimUntimed, claimCommit(t, s, ev("old", "a")), "an untimed event after a cut")
+	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, at(ev("old", "a"), time.Now())), "a timed one inside the horizon")
 	require.Equal(t, guard.ClaimDuplicate, claimCommit(t, s, ev("fresh", "a")))
 }
 
@@ -222,16 +230,16 @@ func TestPruneCannotCutBelowWhatConsumersEnforce(t *testing.T) {
 	require.Equal(t, 30*24*time.Hour, h.Retention)
 	require.Equal(t, 2*time.Minute, h.ClockSkew)
 
-	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("e", "a")))
+	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, at(ev("e", "a"), time.Now())))
 	_, err = pool.Exec(ctx, `UPDATE idem_processed SET processed_at = now() - interval '10 days'`)
 	require.NoError(t, err)
-	_, _, err = s.Prune(ctx, 7*24*time.Hour, time.Minute, 100)
+	_, _, err = s.Prune(ctx, pgtier.PruneConfig{Retention: 7 * 24 * time.Hour, ClockSkew: time.Minute, Batch: 100})
 	require.ErrorIs(t, err, pgtier.ErrRetentionBelowConsumers)
-	require.Equal(t, guard.ClaimDuplicate, claimCommit(t, s, ev("e", "a")), "a refused prune deletes nothing")
+	require.Equal(t, guard.ClaimDuplicate, claimCommit(t, s, at(ev("e", "a"), time.Now())), "a refused prune deletes nothing")
 
 	// After every consumer is lowered, the operator resets the record.
 	require.NoError(t, s.ResetHorizon(ctx, 7*24*time.Hour, time.Minute))
-	n, cutoff, err := s.Prune(ctx, 7*24*time.Hour, time.Minute, 100)
+	n, cutoff, err := s.Prune(ctx, pgtier.PruneConfig{Retention: 7 * 24 * time.Hour, ClockSkew: time.Minute, Batch: 100})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
 	// A consumer starting now learns where prune cut.
@@ -360,7 +368,7 @@ func TestClaimProbesTheKeyOnANewTable(t *testing.T) {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
-	rec := &sqlRecorder{prefix: "WITH ins AS"}
+	rec := &sqlRecorder{prefix: "WITH c AS"}
 	cfg.ConnConfig.Tracer = rec
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
@@ -372,12 +380,12 @@ func TestClaimProbesTheKeyOnANewTable(t *testing.T) {
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
 	h := guard.HashFields("x")
-	rows, err := tx.Query(ctx, "EXPLAIN "+rec.sql, "svc", []string{"a", "b"}, [][]byte{h, h})
+	rows, err := tx.Query(ctx, "EXPLAIN "+rec.sql, "svc", []string{"a", "b"}, [][]byte{h, h}, []pgtype.Timestamptz{{}, {}})
 	require.NoError(t, err)
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	plan := strings.Join(lines, "\n")
-	require.Regexp(t, `Index Scan using idem_processed_pkey on idem_processed p\s.*\n\s*Index Cond: \(\(scope = (\$1|'svc'::text)\) AND \(event_id = u\.id\)\)`, plan)
+	require.Regexp(t, `Index Scan using idem_processed_pkey on idem_processed p\s.*\n\s*Index Cond: \(\(scope = (\$1|'svc'::text)\) AND \(event_id = c\.id\)\)`, plan)
 	require.NotContains(t, plan, "Bitmap", plan)
 	require.NotContains(t, plan, "Seq Scan on idem_processed", plan)
 }

@@ -1,0 +1,157 @@
+package pgtier_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/pkg/guard/pgtier"
+)
+
+// TestClaimEnforcesTheRecordedHorizon: the claim itself refuses an event
+// whose row it may have pruned, by the values idem_horizon records and the
+// database's clock, and never refuses one whose row exists.
+func TestClaimEnforcesTheRecordedHorizon(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Schema(t)
+	s := pgtier.New(pool)
+	ctx := context.Background()
+	now := time.Now()
+	_, err := s.EnforceRetention(ctx, time.Hour, time.Minute)
+	require.NoError(t, err)
+
+	for _, c := range []struct {
+		name string
+		at   time.Time
+		want guard.ClaimResult
+	}{
+		{"fresh", now.Add(-10 * time.Minute), guard.ClaimInserted},
+		{"inside the retention", now.Add(-59 * time.Minute), guard.ClaimInserted},
+		{"past the retention", now.Add(-61 * time.Minute), guard.ClaimExpired},
+		{"ahead within the recorded skew", now.Add(30 * time.Second), guard.ClaimInserted},
+		// A consumer allowing 5 minutes (the library's default) let this
+		// through; the recorded skew is the one enforced.
+		{"ahead past the recorded skew", now.Add(4 * time.Minute), guard.ClaimFuture},
+		{"untimed, nothing pruned yet", time.Time{}, guard.ClaimInserted},
+	} {
+		require.Equal(t, c.want, claimCommit(t, s, at(ev("e_"+c.name, "a"), c.at)), c.name)
+	}
+	require.Equal(t, guard.ClaimDuplicate, claimCommit(t, s, at(ev("e_fresh", "a"), now.Add(-2*time.Hour))),
+		"an event whose row exists is a duplicate, however old")
+
+	// The first cut is refused while untimed events arrive, then made.
+	cut := pgtier.PruneConfig{Retention: time.Hour, ClockSkew: time.Minute, Batch: 100}
+	_, _, err = s.Prune(ctx, cut)
+	require.ErrorIs(t, err, pgtier.ErrUntimedStillArriving)
+	cut.CutUntimed = true
+	_, pruned, err := s.Prune(ctx, cut)
+	require.NoError(t, err)
+
+	require.Equal(t, guard.ClaimUntimed, claimCommit(t, s, ev("e_new_untimed", "a")), "untimed after a cut")
+	require.Equal(t, guard.ClaimDuplicate, claimCommit(t, s, ev("e_untimed, nothing pruned yet", "a")), "untimed with its row")
+
+	// A longer retention recorded after the cut still refuses what the cut
+	// may have taken.
+	_, err = s.EnforceRetention(ctx, 2*time.Hour, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, guard.ClaimExpired, claimCommit(t, s, at(ev("e_before_cut", "a"), pruned.Add(30*time.Second))))
+	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, at(ev("e_after_cut", "a"), pruned.Add(90*time.Second))))
+}
+
+// TestClaimChecksTheHorizonWhenTheRowIsClaimed: a delivery decoded inside the
+// horizon is held (Postgres unreachable for this consumer) until it is past
+// it; meanwhile another process prunes its row. The claim must refuse it,
+// not insert a fresh row and apply it a second time.
+func TestClaimChecksTheHorizonWhenTheRowIsClaimed(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Schema(t)
+	s := pgtier.New(pool)
+	ctx := context.Background()
+	_, err := s.EnforceRetention(ctx, time.Hour, time.Minute)
+	require.NoError(t, err)
+	// Processed when it happened, 59 minutes ago: inside the horizon when
+	// its redelivery was decoded.
+	happened := time.Now().Add(-59 * time.Minute)
+	e := at(ev("e_held", "a"), happened)
+	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, e))
+	_, err = pool.Exec(ctx, `UPDATE idem_processed SET processed_at = $1`, happened)
+	require.NoError(t, err)
+	// The hold lasts three minutes: everything is three minutes older.
+	_, err = pool.Exec(ctx, `UPDATE idem_processed SET processed_at = processed_at - interval '3 minutes'`)
+	require.NoError(t, err)
+	e.Time = happened.Add(-3 * time.Minute)
+	n, _, err := s.Prune(ctx, pgtier.PruneConfig{Retention: time.Hour, ClockSkew: time.Minute, Batch: 100})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n, "the row was pruned")
+	require.Equal(t, guard.ClaimExpired, claimCommit(t, s, e), "the held delivery was claimed again")
+}
+
+// TestPruneWaitsForClaimsBegunBeforeTheCut: a guard transaction that began
+// before prune recorded its cut may have read the old horizon; prune deletes
+// nothing until it ends.
+func TestPruneWaitsForClaimsBegunBeforeTheCut(t *testing.T) {
+	t.Parallel()
+	_, url := testenv.Schema(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["application_name"] = "prune-barrier-" + t.Name()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	s := pgtier.New(pool)
+	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, at(ev("old", "a"), time.Now())))
+	_, err = pool.Exec(ctx, `UPDATE idem_processed SET processed_at = now() - interval '2 days'`)
+	require.NoError(t, err)
+
+	open, err := s.Begin(ctx) // a claim in flight
+	require.NoError(t, err)
+	type pruned struct {
+		n   int64
+		err error
+	}
+	done := make(chan pruned, 1)
+	go func() {
+		n, _, err := s.Prune(ctx, pgtier.PruneConfig{Retention: 24 * time.Hour, ClockSkew: time.Minute, Batch: 100})
+		done <- pruned{n, err}
+	}()
+	// Prune waits on the lock, its cut recorded and the row still there.
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+			WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = $1)`, cfg.ConnConfig.RuntimeParams["application_name"]).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 10*time.Millisecond, "prune did not wait for the open claim")
+	var rows int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idem_processed`).Scan(&rows))
+	require.Equal(t, 1, rows, "prune deleted a row under an open claim")
+	var cut *time.Time
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pruned_through FROM idem_horizon`).Scan(&cut))
+	require.NotNil(t, cut, "the cut is recorded before the wait")
+
+	require.NoError(t, open.Commit(ctx))
+	select {
+	case p := <-done:
+		require.NoError(t, p.err)
+		require.Equal(t, int64(1), p.n)
+	case <-time.After(10 * time.Second):
+		t.Fatal("prune did not go on once the claim ended")
+	}
+}
+
+// TestHorizonRefusesAZeroClockSkew: a zero skew is refused, not recorded as
+// zero while something else is enforced.
+func TestHorizonRefusesAZeroClockSkew(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Schema(t)
+	s := pgtier.New(pool)
+	_, err := s.EnforceRetention(context.Background(), time.Hour, 0)
+	require.ErrorContains(t, err, "positive retention and clock skew")
+	_, _, err = s.Prune(context.Background(), pgtier.PruneConfig{Retention: time.Hour, Batch: 1})
+	require.ErrorContains(t, err, "positive retention, clock skew")
+}
