@@ -24,15 +24,33 @@ type BatchHandler[T any] interface {
 	ApplyBatch(ctx context.Context, tx pgx.Tx, vs []T) error
 }
 
+// hold is the one deadline of the deliveries of a gathered batch held in
+// place while the store is unreachable: it starts at the batch's first hold
+// and is carried through every split, so that no delivery is held longer
+// than Config.StoreHold however often its batch was split. A batch's splits
+// run one after another on one goroutine.
+type hold struct{ until time.Time }
+
+// over starts the clock at its first call and reports whether d has passed
+// since.
+func (h *hold) over(d time.Duration) bool {
+	now := time.Now()
+	if h.until.IsZero() {
+		h.until = now.Add(d)
+	}
+	return !now.Before(h.until)
+}
+
 // handleBatch takes items to durable outcomes through one transaction and
 // acks them. A failure that is not the store's being away splits the batch,
-// until the event that fails stands alone and takes handleOne's path.
-func (w *worker[T]) handleBatch(ctx context.Context, items []item[T]) {
+// until the event that fails stands alone and takes handleOne's path. While
+// the store is away, items are held until h is over.
+func (w *worker[T]) handleBatch(ctx context.Context, items []item[T], h *hold) {
 	switch len(items) {
 	case 0:
 		return
 	case 1:
-		w.handleOne(ctx, items[0])
+		w.handleOne(ctx, items[0], h)
 		return
 	}
 	cfg := &w.c.cfg
@@ -40,7 +58,6 @@ func (w *worker[T]) handleBatch(ctx context.Context, items []item[T]) {
 	for i, it := range items {
 		events[i] = it.ev
 	}
-	heldSince := time.Now()
 	for wait := 1; ; wait++ {
 		actx, cancel := context.WithTimeout(ctx, cfg.HandlerTimeout)
 		res, err := w.c.guard.ProcessBatch(actx, events, w.applyBatch(items))
@@ -58,7 +75,7 @@ func (w *worker[T]) handleBatch(ctx context.Context, items []item[T]) {
 		}
 		verdict, reason := classify(err, timedOut)
 		if verdict == holdInPlace {
-			if time.Since(heldSince) >= cfg.StoreHold {
+			if h.over(cfg.StoreHold) {
 				cfg.Logger.Warn("store unavailable for store_hold, handing the deliveries back", "deliveries", len(items), "err", err, "store_hold", cfg.StoreHold)
 				for _, it := range items {
 					w.requeue(ctx, it, reason, err)
@@ -80,8 +97,8 @@ func (w *worker[T]) handleBatch(ctx context.Context, items []item[T]) {
 		cfg.Observer.Count(CounterBatchSplit, 1)
 		cfg.Logger.Debug("batch failed, splitting it", "deliveries", len(items), "reason", reason, "err", err)
 		mid := len(items) / 2
-		w.handleBatch(ctx, items[:mid])
-		w.handleBatch(ctx, items[mid:])
+		w.handleBatch(ctx, items[:mid], h)
+		w.handleBatch(ctx, items[mid:], h)
 		return
 	}
 }

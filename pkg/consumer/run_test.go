@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -40,20 +42,41 @@ type rig struct {
 	queue string
 	ch    *amqp.Channel
 	stats map[string]*atomic.Int64 // deliveries by outcome, and Counter* counts
+
+	mu      sync.Mutex
+	settled []settledAt // every settlement, in order
+}
+
+// settledAt is a Settlement and when it happened.
+type settledAt struct {
+	consumer.Settlement
+	at time.Time
 }
 
 // Settled, Count and Gathered make the rig the consumer's Observer.
-func (r *rig) Settled(_ context.Context, s consumer.Settlement) { r.stats[s.Outcome.String()].Add(1) }
+func (r *rig) Settled(_ context.Context, s consumer.Settlement) {
+	r.stats[s.Outcome.String()].Add(1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.settled = append(r.settled, settledAt{s, time.Now()})
+}
+
+// settlements returns the settlements so far.
+func (r *rig) settlements() []settledAt {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.settled)
+}
 func (r *rig) Count(name string, n int)                         { r.stats[name].Add(int64(n)) }
 func (r *rig) Gathered(int)                                     {}
 
-func startRig(t *testing.T, h consumer.Handler[[]byte], tune func(*consumer.Config)) *rig {
+func startRig[T any](t *testing.T, h consumer.Handler[T], tune func(*consumer.Config)) *rig {
 	t.Helper()
 	return startRigWith(t, h, nil, tune)
 }
 
 // startRigWith is startRig with a fast tier in front of the store.
-func startRigWith(t *testing.T, h consumer.Handler[[]byte], fast guard.FastPath, tune func(*consumer.Config)) *rig {
+func startRigWith[T any](t *testing.T, h consumer.Handler[T], fast guard.FastPath, tune func(*consumer.Config)) *rig {
 	t.Helper()
 	pool, _ := testenv.Schema(t)
 	url := testenv.AMQPURL()

@@ -184,7 +184,7 @@ func (w *worker[T]) screenShard(ctx context.Context, items []item[T]) (screened[
 // decide takes a screened batch to durable outcomes and acks it.
 func (w *worker[T]) decide(ctx context.Context, s screened[T]) {
 	if s.batch == nil {
-		w.handleBatch(ctx, s.items)
+		w.handleBatch(ctx, s.items, &hold{})
 		return
 	}
 	actx, cancel := context.WithTimeout(ctx, w.c.cfg.HandlerTimeout)
@@ -208,5 +208,5 @@ func (w *worker[T]) decide(ctx context.Context, s screened[T]) {
 	// Nothing committed and the leases are released: take the batch
 	// through the full path, which retries, holds or splits as the error
 	// asks. The duplicates the fast tier found are found again.
-	w.handleBatch(ctx, items)
+	w.handleBatch(ctx, items, &hold{})
 }

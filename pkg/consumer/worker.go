@@ -94,14 +94,14 @@ func (w *worker[T]) prepare(ctx context.Context, d amqp.Delivery, received time.
 }
 
 // handleOne takes one event to a durable outcome and acks it, or leaves it
-// to the broker (nack with requeue) when that cannot be reached now.
-func (w *worker[T]) handleOne(ctx context.Context, it item[T]) {
+// to the broker (nack with requeue) when that cannot be reached now, or
+// once h is over while the store is away.
+func (w *worker[T]) handleOne(ctx context.Context, it item[T], h *hold) {
 	cfg := &w.c.cfg
 	ev := it.ev
 	attempt := deliveryCount(it.d) + 1
 	apply := func(ctx context.Context, tx pgx.Tx) error { return w.c.handler.Apply(ctx, tx, it.v) }
 
-	heldSince := time.Now()
 	for wait := 1; ; wait++ {
 		actx, cancel := context.WithTimeout(ctx, cfg.HandlerTimeout)
 		outcome, err := w.c.guard.Process(actx, ev, apply)
@@ -122,7 +122,7 @@ func (w *worker[T]) handleOne(ctx context.Context, it item[T]) {
 			w.deadLetter(ctx, it, reason, err)
 			return
 		case holdInPlace:
-			if time.Since(heldSince) >= cfg.StoreHold {
+			if h.over(cfg.StoreHold) {
 				cfg.Logger.Warn("store unavailable for store_hold, handing the delivery back", "event_id", ev.ID, "reason", reason, "err", err, "store_hold", cfg.StoreHold)
 				w.requeue(ctx, it, reason, err)
 				return
