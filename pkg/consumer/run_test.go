@@ -67,8 +67,8 @@ func (r *rig) settlements() []settledAt {
 	defer r.mu.Unlock()
 	return slices.Clone(r.settled)
 }
-func (r *rig) Count(name string, n int)                         { r.stats[name].Add(int64(n)) }
-func (r *rig) Gathered(int)                                     {}
+func (r *rig) Count(name string, n int) { r.stats[name].Add(int64(n)) }
+func (r *rig) Gathered(int)             {}
 
 func startRig[T any](t *testing.T, h consumer.Handler[T], tune func(*consumer.Config)) *rig {
 	t.Helper()
