@@ -159,6 +159,11 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		sources = append(sources, ds)
 	}
 	deliveries := merge(sources)
+	// A consumer the broker cancels (its queue deleted, a leader moving
+	// away) would leave its queue unconsumed while the session goes on
+	// with the others: end the session instead, and the next one consumes
+	// every queue again.
+	cancelled := ch.NotifyCancel(make(chan string, len(c.queues)))
 	c.consumed.Store(true)
 	c.cfg.Logger.Info("consuming", "queues", c.queues, "node", node+1, "prefetch", c.cfg.Prefetch, "workers", c.cfg.Workers,
 		"batch_size", c.cfg.BatchSize, "batch_linger", c.cfg.BatchLinger)
@@ -212,6 +217,12 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		cause = fmt.Errorf("consume channel closed: %w", amqpErr(e))
 	case e := <-pubClosed:
 		cause = fmt.Errorf("publish channel closed: %w", amqpErr(e))
+	case tag, ok := <-cancelled:
+		if !ok {
+			cause = errors.New("consume channel closed")
+			break
+		}
+		cause = fmt.Errorf("%w: queue %q", ErrConsumerCancelled, queueOf[tag])
 	case <-workersDone:
 		cause = errors.New("delivery channel closed")
 	}
@@ -282,6 +293,10 @@ var (
 	ErrBrokerRefused = errors.New("RabbitMQ refused the connection")
 	// ErrBrokerUnreachable: no session reached Consume within StartupTimeout.
 	ErrBrokerUnreachable = errors.New("RabbitMQ was not reachable")
+	// ErrConsumerCancelled ends a session: the broker cancelled the
+	// consumer of one of its queues (deleted, or its leader moved), and
+	// the session reconnects to consume them all again.
+	ErrConsumerCancelled = errors.New("the broker cancelled a consumer")
 )
 
 // isRefused reports a connection the broker refused for a reason a retry

@@ -9,8 +9,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
 )
@@ -80,4 +82,58 @@ func TestAHoldIsBoundedPerDeliveryThroughSplits(t *testing.T) {
 	phase.Store(2)
 	require.Eventually(t, func() bool { return r.stats[guard.OutcomeProcessed.String()].Load() == 4 },
 		30*time.Second, 10*time.Millisecond)
+}
+
+// TestACancelledPartitionIsConsumedAgain: the broker cancels the consumer of
+// one partition queue (here, the queue is deleted). The session must end and
+// reconnect, which declares the queue again and consumes it, as with one
+// queue; before, it went on with the other partitions, reported itself
+// consuming, and the partition was never consumed again.
+func TestACancelledPartitionIsConsumedAgain(t *testing.T) {
+	t.Parallel()
+	var applied atomic.Int32
+	h := idHandler{apply: func(string) error { applied.Add(1); return nil }}
+	var topo consumer.Topology
+	r := startRig(t, h, func(c *consumer.Config) {
+		c.Partitions = 2
+		c.ReconnectBackoff = consumer.Backoff{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}
+		topo = consumer.TopologyFor(c.Queue, consumer.DefaultBrokerDeliveryLimit)
+		topo.Partitions = 2
+	})
+	q1 := topo.PartitionQueue(1)
+	require.Eventually(t, func() bool { return consumersOf(t, r, q1) == 1 }, 10*time.Second, 10*time.Millisecond)
+	_, err := r.ch.QueueDelete(q1, false, false, false)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return queueExists(t, q1) }, 30*time.Second, 20*time.Millisecond,
+		"the consumer went on without the cancelled partition (it never declared it again)")
+	require.Eventually(t, func() bool { return consumersOf(t, r, q1) == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, r.ch.PublishWithContext(context.Background(), "", q1, false, false, amqpPublishing("e_p1")))
+	require.Eventually(t, func() bool { return applied.Load() == 1 }, 30*time.Second, 10*time.Millisecond,
+		"the partition was not consumed again")
+	require.Positive(t, r.stats[consumer.CounterReconnect].Load(), "the session did not end")
+}
+
+// queueExists reports whether queue q exists, on a channel of its own (a
+// passive declare of a missing queue closes its channel).
+func queueExists(t *testing.T, q string) bool {
+	t.Helper()
+	conn, err := amqp.Dial(testenv.AMQPURL())
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclarePassive(q, true, false, false, false, nil)
+	return err == nil
+}
+
+// consumersOf is how many consumers queue q has.
+func consumersOf(t *testing.T, r *rig, q string) int {
+	t.Helper()
+	info, err := r.ch.QueueDeclarePassive(q, true, false, false, false, nil)
+	require.NoError(t, err)
+	return info.Consumers
+}
+
+func amqpPublishing(id string) amqp.Publishing {
+	return amqp.Publishing{MessageId: id, Body: []byte("body of " + id), Timestamp: time.Now(), DeliveryMode: amqp.Persistent}
 }
