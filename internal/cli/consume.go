@@ -227,6 +227,14 @@ func readiness(dbs shards, stats func() consumer.Stats, rdb func() redis.Univers
 			}
 			return nil
 		}},
+		{Name: "rabbitmq_publishing", Run: func(context.Context) error {
+			// Reported, not required: acks go on while the broker blocks
+			// publishing; only dead letters wait.
+			if why := stats().Blocked; why != "" {
+				return fmt.Errorf("blocked by the broker (%s): dead letters wait, acks go on", why)
+			}
+			return nil
+		}},
 		{Name: "redis", Run: func(ctx context.Context) error {
 			c := rdb()
 			if c == nil {

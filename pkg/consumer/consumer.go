@@ -27,6 +27,8 @@ type Consumer[T any] struct {
 	consumed atomic.Bool // a session reached Consume: start-up is over
 	// live is the acker of the session consuming now; nil between sessions.
 	live atomic.Pointer[acker]
+	// blocked is whether the broker blocks the publishing connection.
+	blocked blockState
 }
 
 // New returns a Consumer, or an error naming the bad Config field.
@@ -63,6 +65,7 @@ func (c *Consumer[T]) Stats() Stats {
 		unsettled, held := a.counts()
 		s.Consuming, s.InFlight, s.Unacked = true, unsettled, unsettled+held
 	}
+	s.Blocked, _ = c.blocked.state()
 	return s
 }
 
@@ -120,7 +123,22 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	c.node = node + 1
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 
-	pub, err := conn.Channel()
+	// Dead letters go out on a connection of their own, to the same node:
+	// during a memory or disk alarm the broker stops reading a connection
+	// that publishes, and acks sent on it would stop with the publish.
+	pubConn, _, err := Dial(c.urls[node:node+1], 0, amqp.Config{
+		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName + "-publish"},
+		Heartbeat:  10 * time.Second,
+	})
+	if err != nil {
+		return fmt.Errorf("dial publishing connection: %w", err)
+	}
+	defer pubConn.Close()
+	pubConnClosed := pubConn.NotifyClose(make(chan *amqp.Error, 1))
+	c.blocked.set(amqp.Blocking{}) // a new connection starts unblocked
+	defer c.blocked.set(amqp.Blocking{})
+	go c.watchBlocked(pubConn.NotifyBlocked(make(chan amqp.Blocking, 4))) // ends when pubConn closes
+	pub, err := pubConn.Channel()
 	if err != nil {
 		return fmt.Errorf("open publish channel: %w", err)
 	}
@@ -175,7 +193,14 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	// stop ends backoff waits as soon as shutdown begins or the session fails.
 	stop, stopWaits := context.WithCancel(ctx)
 	defer stopWaits()
-	w := &worker[T]{c: c, dl: &deadLetterer{pub: pub, returns: returns}, acker: newAcker(ch), stop: stop, queueOf: queueOf}
+	w := &worker[T]{c: c, dl: &deadLetterer{pub: pub, returns: returns}, acker: newAcker(ch), stop: stop, queueOf: queueOf,
+		letters: make(chan letter[T], c.cfg.Prefetch)}
+	// Dead letters are published by a goroutine of their own, so that one
+	// waiting for its confirm (or for a blocked connection to clear) never
+	// holds up the pipeline. It ends after the workers, once it has sent
+	// or handed back every letter they gave it.
+	lettersSent := make(chan struct{})
+	go func() { defer close(lettersSent); w.sendLetters(workCtx) }()
 	c.live.Store(w.acker)
 	defer c.live.Store(nil)
 	// The pipeline: gather → screen (one goroutine: decode, Redis, ack
@@ -200,7 +225,7 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		})
 	}
 	workersDone := make(chan struct{})
-	go func() { wg.Wait(); close(workersDone) }()
+	go func() { wg.Wait(); close(w.letters); <-lettersSent; close(workersDone) }()
 
 	var cause error
 	select {
@@ -217,6 +242,8 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		cause = fmt.Errorf("consume channel closed: %w", amqpErr(e))
 	case e := <-pubClosed:
 		cause = fmt.Errorf("publish channel closed: %w", amqpErr(e))
+	case e := <-pubConnClosed:
+		cause = fmt.Errorf("publishing connection closed: %w", amqpErr(e))
 	case tag, ok := <-cancelled:
 		if !ok {
 			cause = errors.New("consume channel closed")
@@ -246,12 +273,27 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		w.acker.flush()
 		_ = ch.Close()
 		_ = pub.Close()
+		_ = pubConn.Close()
 		if err := conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
 			return fmt.Errorf("close: %w", err)
 		}
 		c.cfg.Logger.Info("drained and closed", "queues", c.queues)
 	}
 	return cause
+}
+
+// watchBlocked records the broker's connection.blocked and
+// connection.unblocked notifications, until the connection closes them.
+func (c *Consumer[T]) watchBlocked(notes <-chan amqp.Blocking) {
+	for n := range notes {
+		c.blocked.set(n)
+		if n.Active {
+			c.cfg.Observer.Count(CounterPublishBlocked, 1)
+			c.cfg.Logger.Warn("the broker blocks publishing (a resource alarm): dead letters wait, acks go on", "reason", n.Reason)
+		} else {
+			c.cfg.Logger.Info("the broker unblocked publishing")
+		}
+	}
 }
 
 // merge forwards every source's deliveries to one channel, closed once

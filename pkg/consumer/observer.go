@@ -65,6 +65,10 @@ const (
 	// CounterDeferred counts batches that set events aside for a moment
 	// because another consumer held their lease (see Config.BatchSize).
 	CounterDeferred = "deferrals"
+	// CounterPublishBlocked counts the times the broker blocked the
+	// publishing connection (a memory or disk alarm); Stats.Blocked says
+	// whether it is blocked now.
+	CounterPublishBlocked = "publish_blocked"
 	// CounterReconnect counts reconnections to RabbitMQ: a session that
 	// ended, or a dial that failed, and is tried again.
 	CounterReconnect = "reconnects"
@@ -76,7 +80,7 @@ const (
 // Counters lists every Counter*, for metrics that want a zero for each.
 func Counters() []string {
 	return []string{CounterStoreRetry, CounterUntimedAccepted, CounterBatchSplit, CounterDeferred,
-		CounterReconnect, CounterDeadLetterReturned}
+		CounterReconnect, CounterDeadLetterReturned, CounterPublishBlocked}
 }
 
 // Stats is a consumer's state at one moment.
@@ -91,6 +95,10 @@ type Stats struct {
 	Unacked int
 	// Prefetch is Config.Prefetch.
 	Prefetch int
+	// Blocked says why the broker blocks this consumer's publishing
+	// connection (a memory or disk alarm: "low on memory"); empty when it
+	// does not. Dead letters wait meanwhile, unacked; acks go on.
+	Blocked string
 }
 
 type nopObserver struct{}

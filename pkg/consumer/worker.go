@@ -39,6 +39,16 @@ type worker[T any] struct {
 	stop  context.Context // ends when shutdown begins or the session fails
 	// queueOf names the queue of each consumer tag, for dead letters.
 	queueOf map[string]string
+	// letters are the dead letters sendLetters publishes, in order.
+	letters chan letter[T]
+}
+
+// letter is a dead letter on its way: the delivery, why, and what to publish.
+type letter[T any] struct {
+	it     item[T]
+	reason string
+	cause  error
+	p      amqp.Publishing
 }
 
 // item is a delivery that decoded into an event the guard can take.
@@ -183,11 +193,10 @@ func (w *worker[T]) requeue(ctx context.Context, it item[T], reason string, err 
 	w.settled(ctx, it, guard.OutcomeRetry, reason, err)
 }
 
-// deadLetter publishes it to the dead-letter exchange with its reason,
-// mandatory, waits for the broker's confirm, and only then acks it. A dead
-// letter that was not confirmed, or that the broker returned because no
-// queue took it (the DLQ was deleted), is requeued instead: a dead letter is
-// never acked away unless it is in the dead-letter queue.
+// deadLetter hands it to sendLetters, to be published to the dead-letter
+// exchange with its reason and acked once the broker confirmed it. It does
+// not wait: a dead letter waiting for its confirm, or for the broker to
+// unblock publishing, never holds up the deliveries behind it.
 func (w *worker[T]) deadLetter(ctx context.Context, it item[T], reason string, cause error) {
 	cfg := &w.c.cfg
 	d := it.d
@@ -205,15 +214,44 @@ func (w *worker[T]) deadLetter(ctx context.Context, it item[T], reason string, c
 	headers[HeaderQueue] = cmp.Or(w.queueOf[d.ConsumerTag], cfg.Queue)
 	headers[HeaderDeliveryCount] = int64(deliveryCount(d) + 1)
 	headers[HeaderDeadLetteredAt] = time.Now().UTC()
-
-	routed, err := w.dl.publish(ctx, cfg.ConfirmTimeout, w.c.topology, amqp.Publishing{
+	w.letters <- letter[T]{it: it, reason: reason, cause: cause, p: amqp.Publishing{
 		Headers:      headers,
 		ContentType:  d.ContentType,
 		DeliveryMode: amqp.Persistent,
 		MessageId:    d.MessageId,
 		Timestamp:    d.Timestamp, // the event's time travels with it
 		Body:         d.Body,
-	})
+	}}
+}
+
+// sendLetters publishes the dead letters deadLetter hands it, one at a time,
+// until letters is closed.
+func (w *worker[T]) sendLetters(ctx context.Context) {
+	for l := range w.letters {
+		w.sendLetter(ctx, l)
+	}
+}
+
+// sendLetter publishes l mandatory, waits for the broker's confirm, and only
+// then acks its delivery. A dead letter that was not confirmed, or that the
+// broker returned because no queue took it (the DLQ was deleted), is
+// requeued instead: a dead letter is never acked away unless it is in the
+// dead-letter queue. While the broker blocks publishing (a resource alarm)
+// the letter waits, its delivery unacked, until the block ends or the
+// session does.
+func (w *worker[T]) sendLetter(ctx context.Context, l letter[T]) {
+	cfg := &w.c.cfg
+	it, reason, cause := l.it, l.reason, l.cause
+	if why, cleared := w.c.blocked.state(); cleared != nil {
+		cfg.Logger.Warn("dead letter waits: the broker blocks publishing", "event_id", it.ev.ID, "reason", reason, "blocked", why)
+		select {
+		case <-cleared:
+		case <-w.stop.Done():
+			w.requeue(ctx, it, RequeueShutdown, cause)
+			return
+		}
+	}
+	routed, err := w.dl.publish(ctx, cfg.ConfirmTimeout, w.c.topology, l.p)
 	switch {
 	case err != nil:
 		cfg.Logger.Error("dead-letter publish failed, requeueing", "event_id", it.ev.ID, "reason", reason, "err", err)
@@ -230,7 +268,7 @@ func (w *worker[T]) deadLetter(ctx context.Context, it item[T], reason string, c
 		return
 	}
 	cfg.Hook(ctx, StepBeforeAck)
-	if err := w.acker.ack([]uint64{d.DeliveryTag}); err != nil {
+	if err := w.acker.ack([]uint64{it.d.DeliveryTag}); err != nil {
 		cfg.Logger.Warn("ack failed", "event_id", it.ev.ID, "err", err, "outcome", guard.OutcomeDeadLettered.String())
 	}
 	outcome := guard.OutcomeDeadLettered

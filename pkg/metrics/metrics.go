@@ -153,6 +153,7 @@ var counterHelp = map[string]string{
 	consumer.CounterDeferred:           "Batches that set events aside for a moment because another consumer held their Redis lease.",
 	consumer.CounterReconnect:          "Reconnections to RabbitMQ after a session ended or a dial failed.",
 	consumer.CounterDeadLetterReturned: "Dead letters the broker returned unroutable (dead-letter queue missing); each was requeued and the queue re-declared.",
+	consumer.CounterPublishBlocked:     "Times RabbitMQ blocked the consumer's publishing connection (a memory or disk alarm); dead letters wait meanwhile, acks go on.",
 }
 
 // ObserveStage implements guard.Observer.
@@ -245,6 +246,12 @@ func (m *Metrics) WatchConsumer(stats func() consumer.Stats) error {
 		{"idem_deliveries_in_flight", "Deliveries taken from the broker whose outcome is not reached yet.", func(s consumer.Stats) float64 { return float64(s.InFlight) }},
 		{"idem_prefetch_in_use", "Unacked deliveries the broker counts against the prefetch: in flight, or settled and waiting for their ack frame.", func(s consumer.Stats) float64 { return float64(s.Unacked) }},
 		{"idem_prefetch_limit", "The consumer's prefetch (consumer.prefetch).", func(s consumer.Stats) float64 { return float64(s.Prefetch) }},
+		{"idem_publish_blocked", "Whether RabbitMQ blocks the consumer's publishing connection now (1: a memory or disk alarm; dead letters wait) or not (0).", func(s consumer.Stats) float64 {
+			if s.Blocked != "" {
+				return 1
+			}
+			return 0
+		}},
 	}
 	for _, g := range gauges {
 		value := g.value
