@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -35,7 +34,7 @@ func runBenchWorker(ctx context.Context, e *env, args []string) error {
 		defer stop()
 	}
 	if *statsFile == "" {
-		return fmt.Errorf("bench-worker: --stats-file is required")
+		return usageErr(e, "idem bench-worker: --stats-file is required")
 	}
 	cfg, log, err := e.loadConfig("")
 	if err != nil {
@@ -49,7 +48,7 @@ func runBenchWorker(ctx context.Context, e *env, args []string) error {
 		})
 	}
 	if *mode != "idem" {
-		return fmt.Errorf("bench-worker: --mode %q: want raw or idem", *mode)
+		return usageErr(e, "idem bench-worker: --mode %q: want raw or idem", *mode)
 	}
 	pool, err := openPool(ctx, cfg, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = rec.PGTracer() })
 	if err != nil {

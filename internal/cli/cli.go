@@ -145,6 +145,12 @@ func parse(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// usageErr prints a usage error to stderr and returns ErrUsage (exit 2).
+func usageErr(e *env, format string, args ...any) error {
+	fmt.Fprintf(e.stderr, format+"\n", args...)
+	return ErrUsage
+}
+
 // errHelp ends a command after -h without an error exit.
 var errHelp = errors.New("help shown")
 

@@ -28,7 +28,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if *consumers < 1 {
-		return fmt.Errorf("demo: --consumers must be at least 1, got %d", *consumers)
+		return usageErr(e, "idem demo: --consumers must be at least 1, got %d", *consumers)
 	}
 	cfg, log, dbs, err := e.loadDB(ctx, *path)
 	if err != nil {

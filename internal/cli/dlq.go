@@ -73,15 +73,22 @@ func (f *dlqFilter) flags(fs *flag.FlagSet) {
 }
 
 func (f dlqFilter) match(m dlq.Message) bool {
-	return (f.reason == "" || m.Reason == f.reason) && (f.event == "" || eventIDOf(m) == f.event)
+	return (f.reason == "" || m.Reason == f.reason) && (f.event == "" || m.EventID == f.event)
 }
 
-// eventIDOf is the event ID in a dead letter's body, else its message ID.
-func eventIDOf(m dlq.Message) string {
-	if ev, _, err := (payments.Handler{}).Decode(consumer.MessageOf(m.D)); err == nil {
-		return ev.ID
+// knownReasons are the dead-letter reasons idem writes: the runtime's, the
+// broker's and the reference handler's.
+func knownReasons() []string {
+	return slices.Sorted(slices.Values(append(consumer.Reasons(), payments.Reasons()...)))
+}
+
+// checkReason refuses a --reason idem never writes (a typo would select
+// nothing and report success), naming the known ones.
+func checkReason(e *env, cmd, reason string) error {
+	if reason == "" || slices.Contains(knownReasons(), reason) {
+		return nil
 	}
-	return m.D.MessageId
+	return usageErr(e, "idem %s: --reason %q is not a reason idem writes; want one of: %s", cmd, reason, strings.Join(knownReasons(), ", "))
 }
 
 // openDLQ reads the config and connects to the broker.
@@ -176,7 +183,10 @@ was processed and both payload hashes.`)
 		return err
 	}
 	if *limit < 1 {
-		return fmt.Errorf("dlq show: -n must be at least 1, got %d", *limit)
+		return usageErr(e, "idem dlq show: -n must be at least 1, got %d", *limit)
+	}
+	if err := checkReason(e, "dlq show", f.reason); err != nil {
+		return err
 	}
 	cfg, q, err := e.openDLQ(*path)
 	if err != nil {
@@ -215,7 +225,7 @@ func printDeadLetter(w io.Writer, n int, m dlq.Message, now time.Time) {
 	d := m.D
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "--- dead letter %d\n", n)
-	fmt.Fprintf(tw, "event_id:\t%s\n", eventIDOf(m))
+	fmt.Fprintf(tw, "event_id:\t%s\n", m.EventID)
 	fmt.Fprintf(tw, "message_id:\t%s\n", d.MessageId)
 	fmt.Fprintf(tw, "reason:\t%s\n", m.Reason)
 	fmt.Fprintf(tw, "error:\t%s\n", m.Error)
@@ -240,7 +250,7 @@ func printDeadLetter(w io.Writer, n int, m dlq.Message, now time.Time) {
 }
 
 var shownHeaders = []string{consumer.HeaderReason, consumer.HeaderError, consumer.HeaderQueue, consumer.HeaderDeliveryCount,
-	consumer.HeaderDeadLetteredAt, consumer.HeaderDeadLetterID, dlq.HeaderReplays, "x-delivery-count"}
+	consumer.HeaderDeadLetteredAt, consumer.HeaderDeadLetterID, consumer.HeaderEventID, dlq.HeaderReplays, dlq.HeaderPublishID, "x-delivery-count"}
 
 // printable quotes a body that is not plain text.
 func printable(b []byte) string {
@@ -263,24 +273,23 @@ func (e *env) showConflicts(ctx context.Context, cfg config.Config, ms []dlq.Mes
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "EVENT_ID\tORIGINAL PROCESSED AT\tORIGINAL HASH\tDEAD LETTER'S HASH")
 	for _, m := range ms {
-		ev, _, err := (payments.Handler{}).Decode(consumer.MessageOf(m.D))
-		if err != nil {
-			fmt.Fprintf(tw, "%s\t(undecodable: %v)\t\t\n", m.D.MessageId, err)
+		if m.EventID == "" {
+			fmt.Fprintf(tw, "%s\t(the dead letter names no event)\t\t%s\n", m.D.MessageId, m.PayloadHash)
 			continue
 		}
 		var at time.Time
 		var hash []byte
 		// The conflict was found on the shard of the dead letter's key.
-		pool := dbs[partition.Of(ev.ShardKey, len(dbs))]
+		pool := dbs[partition.Of(m.ShardKey, len(dbs))]
 		err = pool.QueryRow(ctx, `SELECT processed_at, payload_hash FROM idem_processed WHERE scope = $1 AND event_id = $2`,
-			cfg.Scope, ev.ID).Scan(&at, &hash)
+			cfg.Scope, m.EventID).Scan(&at, &hash)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
-			fmt.Fprintf(tw, "%s\t(no dedup row: pruned?)\t\t%s\n", ev.ID, hex.EncodeToString(ev.Hash))
+			fmt.Fprintf(tw, "%s\t(no dedup row: pruned?)\t\t%s\n", m.EventID, m.PayloadHash)
 		case err != nil:
 			return fmt.Errorf("database: %w", err)
 		default:
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", ev.ID, at.UTC().Format(time.RFC3339Nano), hex.EncodeToString(hash), hex.EncodeToString(ev.Hash))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.EventID, at.UTC().Format(time.RFC3339Nano), hex.EncodeToString(hash), m.PayloadHash)
 		}
 	}
 	return tw.Flush()
@@ -304,7 +313,10 @@ replaying an event that was processed is a harmless duplicate. Say which:
 		return err
 	}
 	if !*all && f.reason == "" && f.event == "" {
-		return errors.New("dlq replay: say which dead letters: --reason R, --event ID, or --all")
+		return usageErr(e, "idem dlq replay: say which dead letters: --reason R, --event ID, or --all")
+	}
+	if err := checkReason(e, "dlq replay", f.reason); err != nil {
+		return err
 	}
 	_, q, err := e.openDLQ(*path)
 	if err != nil {
@@ -331,11 +343,11 @@ replaying an event that was processed is a harmless duplicate. Say which:
 		}
 		if !*dry {
 			if err := r.Replay(ctx, m); err != nil {
-				return dlq.Stop, fmt.Errorf("event %s: %w (it stays in %s)", eventIDOf(m), err, q.DLQ)
+				return dlq.Stop, fmt.Errorf("event %s: %w (it stays in %s)", m.EventID, err, q.DLQ)
 			}
 		}
 		replayed++
-		fmt.Fprintf(e.stdout, "%s %s (reason %s, replays before: %d)\n", verb, eventIDOf(m), m.Reason, m.Replays)
+		fmt.Fprintf(e.stdout, "%s %s (reason %s, replays before: %d)\n", verb, m.EventID, m.Reason, m.Replays)
 		if *dry {
 			return dlq.Keep, nil
 		}
@@ -354,7 +366,10 @@ func runDLQPurge(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if !*yes {
-		return errors.New("dlq purge: deleting dead letters cannot be undone; add --yes (see them first with 'idem dlq show')")
+		return usageErr(e, "idem dlq purge: deleting dead letters cannot be undone; add --yes (see them first with 'idem dlq show')")
+	}
+	if err := checkReason(e, "dlq purge", *reason); err != nil {
+		return err
 	}
 	_, q, err := e.openDLQ(*path)
 	if err != nil {

@@ -23,7 +23,7 @@ older than that.`)
 		return err
 	}
 	if *batch < 1 {
-		return fmt.Errorf("prune: --batch must be at least 1, got %d", *batch)
+		return usageErr(e, "idem prune: --batch must be at least 1, got %d", *batch)
 	}
 	cfg, _, dbs, err := e.loadDB(ctx, *path)
 	if err != nil {

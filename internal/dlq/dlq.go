@@ -2,16 +2,27 @@
 // it lists them by reason, shows them, replays them onto the work queue and
 // purges them.
 //
-// Every operation works on a snapshot: the messages in the queue when it
-// starts, taken with basic.get and held unacked. A message is removed (acked)
-// only once its operation is done (for a replay, once the broker confirmed
-// the re-publish); the others go back when the channel closes. A message that
-// arrives meanwhile, a replayed one that failed again included, is not seen,
-// so a replay never loops.
+// Every operation walks a snapshot: the messages in the queue when it
+// starts. The walk first publishes a fence (a marker message) to the queue's
+// tail and reads up to it, so a message that arrives meanwhile (a replayed
+// one that failed again included) lands behind the fence and is never acted
+// on, and a replay never loops. A message is removed (acked) only once its
+// operation is done (for a replay, once the broker confirmed the
+// re-publish). A message kept is re-published to the tail, confirmed, and
+// only then acked, never handed back: a quorum queue counts every hand-back
+// as a failed delivery, and a broker with a delivery limit on the
+// dead-letter queue (RabbitMQ 4 sets 20 by default) would drop a dead letter
+// after that many walks. Every walk reads the whole snapshot, so the kept
+// messages keep their order, whatever part of it an operation looked at.
+//
+// Publishes go out on a connection of their own: a broker that blocks
+// publishers during a resource alarm must not stall the acks.
 package dlq
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -46,6 +57,14 @@ type Message struct {
 	Replays int64
 	// DeadLetteredAt is when it was dead-lettered; zero if unknown.
 	DeadLetteredAt time.Time
+	// EventID is the event ID the consumer read (consumer.HeaderEventID),
+	// else the AMQP message ID; empty if neither is known.
+	EventID string
+	// PayloadHash is the event's payload hash as the consumer computed it
+	// (hex); empty if unknown.
+	PayloadHash string
+	// ShardKey is the event's shard key; empty if it has none.
+	ShardKey string
 }
 
 // Parse reads a dead letter's headers.
@@ -60,6 +79,12 @@ func Parse(d amqp.Delivery) Message {
 	if t, ok := h[consumer.HeaderDeadLetteredAt].(time.Time); ok {
 		m.DeadLetteredAt = t
 	}
+	m.EventID, _ = h[consumer.HeaderEventID].(string)
+	if m.EventID == "" {
+		m.EventID = d.MessageId
+	}
+	m.PayloadHash, _ = h[consumer.HeaderPayloadHash].(string)
+	m.ShardKey, _ = h[consumer.HeaderShardKey].(string)
 	// A message the broker dead-lettered (x-delivery-limit) has no idem
 	// headers, only x-death.
 	if deaths, ok := h["x-death"].([]any); ok && len(deaths) > 0 {
@@ -120,7 +145,8 @@ const (
 
 // Queue is a dead-letter queue and the work queues it belongs to.
 type Queue struct {
-	conn *amqp.Connection
+	conn *amqp.Connection // gets and acks
+	pub  *amqp.Connection // fences, re-publishes and replays
 	// Topology names the work queues (every partition) and their shared
 	// dead-letter queue.
 	Topology consumer.Topology
@@ -130,28 +156,45 @@ type Queue struct {
 }
 
 // Open connects to the broker at url (or to the first node of a
-// comma-separated list that answers) for t's dead-letter queue.
+// comma-separated list that answers) for t's dead-letter queue: one
+// connection to read and ack, one to the same node to publish.
 func Open(url string, t consumer.Topology) (*Queue, error) {
-	conn, _, err := consumer.Dial(consumer.SplitURLs(url), 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-dlq"}})
+	urls := consumer.SplitURLs(url)
+	conn, node, err := consumer.Dial(urls, 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-dlq"}})
 	if err != nil {
 		return nil, fmt.Errorf("dlq: dial: %w", err)
 	}
-	return &Queue{conn: conn, Topology: t, Work: t.Queue, DLQ: t.DeadLetterQueue}, nil
+	pub, _, err := consumer.Dial(urls[node:node+1], 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-dlq-publish"}})
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("dlq: dial publishing connection: %w", err)
+	}
+	return &Queue{conn: conn, pub: pub, Topology: t, Work: t.Queue, DLQ: t.DeadLetterQueue}, nil
 }
 
-// Close closes the connection.
-func (q *Queue) Close() error { return q.conn.Close() }
+// Close closes the connections.
+func (q *Queue) Close() error { return errors.Join(q.conn.Close(), q.pub.Close()) }
+
+// HeaderFence marks the fence a walk publishes to the dead-letter queue's
+// tail, with the walk's own ID.
+const HeaderFence = "x-idem-dlq-fence"
+
+// staleFence is how old another walk's fence must be to be taken for one a
+// walk that died left behind, and removed.
+const staleFence = time.Hour
 
 // Walk visits the messages in the dead-letter queue when it starts, oldest
-// first, and acks those the visitor removes; the others go back to the queue
-// when Walk returns. It returns how many it visited.
+// first (see the package comment), and acks those the visitor removes; it
+// re-publishes the others to the tail, in order. After Stop it visits no
+// more, but still moves the rest of the snapshot behind the ones it kept, so
+// that the queue keeps its order. It returns how many it visited.
 func (q *Queue) Walk(ctx context.Context, visit func(Message) (Verdict, error)) (int, error) {
 	ch, err := q.conn.Channel()
 	if err != nil {
 		return 0, fmt.Errorf("dlq: open channel: %w", err)
 	}
-	defer ch.Close() // returns every message still unacked
-	st, err := ch.QueueDeclarePassive(q.DLQ, true, false, false, false, nil)
+	defer ch.Close() // hands back a message whose re-publish failed
+	_, err = ch.QueueDeclarePassive(q.DLQ, true, false, false, false, nil)
 	var ae *amqp.Error
 	switch {
 	case errors.As(err, &ae) && ae.Code == amqp.NotFound:
@@ -159,8 +202,27 @@ func (q *Queue) Walk(ctx context.Context, visit func(Message) (Verdict, error)) 
 	case err != nil:
 		return 0, fmt.Errorf("dlq: queue %q: %w", q.DLQ, err)
 	}
-	visited := 0
-	for visited < st.Messages {
+	p, err := q.publisher()
+	if err != nil {
+		return 0, err
+	}
+	defer p.close()
+	fence := p.run
+	err = p.send(ctx, q.DLQ, amqp.Publishing{Headers: amqp.Table{HeaderFence: fence}, Timestamp: time.Now(), DeliveryMode: amqp.Persistent})
+	if err != nil {
+		return 0, fmt.Errorf("dlq: publish the walk's fence: %w", err)
+	}
+	keep := func(d amqp.Delivery) error {
+		if err := p.send(ctx, q.DLQ, copyOf(d)); err != nil {
+			return fmt.Errorf("dlq: keep %q: %w (it stays in %s)", d.MessageId, err, q.DLQ)
+		}
+		if err := d.Ack(false); err != nil {
+			return fmt.Errorf("dlq: ack: %w", err)
+		}
+		return nil
+	}
+	visited, visiting := 0, true
+	for {
 		if err := ctx.Err(); err != nil {
 			return visited, err
 		}
@@ -169,62 +231,166 @@ func (q *Queue) Walk(ctx context.Context, visit func(Message) (Verdict, error)) 
 			return visited, fmt.Errorf("dlq: get: %w", err)
 		}
 		if !ok {
-			break // someone else took the rest
+			// The fence is gone, or another walk holds it: what is left
+			// of the snapshot is held elsewhere.
+			return visited, nil
 		}
-		visited++
-		v, err := visit(Parse(d))
-		if err != nil {
-			return visited, err
+		if id, ok := d.Headers[HeaderFence].(string); ok {
+			switch {
+			case id == fence:
+				return visited, d.Ack(false) // the snapshot is done
+			case time.Since(d.Timestamp) > staleFence:
+				err = d.Ack(false) // left by a walk that died
+			default:
+				err = keep(d) // another walk's, running now
+			}
+			if err != nil {
+				return visited, err
+			}
+			continue
+		}
+		v := Keep
+		if visiting {
+			visited++
+			if v, err = visit(Parse(d)); err != nil {
+				return visited, errors.Join(err, keep(d))
+			}
 		}
 		switch v {
 		case Remove:
-			if err := d.Ack(false); err != nil {
-				return visited, fmt.Errorf("dlq: ack: %w", err)
-			}
+			err = d.Ack(false)
 		case Stop:
-			return visited, nil
+			visiting = false
+			err = keep(d)
+		default:
+			err = keep(d)
+		}
+		if err != nil {
+			return visited, err
 		}
 	}
-	return visited, nil
 }
 
-// Replayer re-publishes dead letters onto the work queue.
-type Replayer struct {
+// copyOf is what re-publishing d to the same queue sends: d as it was.
+func copyOf(d amqp.Delivery) amqp.Publishing {
+	return amqp.Publishing{
+		Headers:         d.Headers,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		Expiration:      d.Expiration,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		UserId:          d.UserId,
+		AppId:           d.AppId,
+		Body:            d.Body,
+	}
+}
+
+// publisher publishes to queues through the default exchange on a
+// confirm-mode channel of the publishing connection, one message at a time,
+// mandatory.
+type publisher struct {
 	ch      *amqp.Channel
 	returns chan amqp.Return
-	topo    consumer.Topology
-	run     string
+	run     string // this publisher's ID, a prefix of every publish's ID
 	seq     int
 }
 
-// HeaderReplayID marks each re-publish so that a basic.return can be
-// matched to it.
-const HeaderReplayID = "x-idem-replay-id"
+// HeaderPublishID marks each publish of the tools so that a basic.return can
+// be matched to it.
+const HeaderPublishID = "x-idem-publish-id"
 
-// Replayer opens a confirm-mode channel for replays onto the work queue.
-// Close it when done.
-func (q *Queue) Replayer() (*Replayer, error) {
-	ch, err := q.conn.Channel()
+func (q *Queue) publisher() (*publisher, error) {
+	ch, err := q.pub.Channel()
 	if err != nil {
-		return nil, fmt.Errorf("dlq: open channel: %w", err)
+		return nil, fmt.Errorf("dlq: open publishing channel: %w", err)
 	}
 	if err := ch.Confirm(false); err != nil {
 		ch.Close()
 		return nil, fmt.Errorf("dlq: confirm mode: %w", err)
 	}
-	return &Replayer{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 16)), topo: q.Topology,
-		run: strconv.FormatInt(time.Now().UnixNano(), 36)}, nil
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	return &publisher{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 16)), run: hex.EncodeToString(id[:])}, nil
+}
+
+func (p *publisher) close() { _ = p.ch.Close() }
+
+// publishTimeout bounds the wait for one publish's confirm.
+const publishTimeout = 10 * time.Second
+
+// send publishes msg to queue and returns once the broker confirmed it;
+// ErrNotRouted if no queue took it.
+func (p *publisher) send(ctx context.Context, queue string, msg amqp.Publishing) error {
+	p.seq++
+	id := p.run + "-" + strconv.Itoa(p.seq)
+	headers := amqp.Table{}
+	for k, v := range msg.Headers {
+		headers[k] = v
+	}
+	headers[HeaderPublishID] = id
+	msg.Headers = headers
+	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
+	defer cancel()
+	dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, msg)
+	if err != nil {
+		return fmt.Errorf("publish: %w", err)
+	}
+	ok, err := dc.WaitContext(ctx)
+	switch {
+	case err != nil:
+		return fmt.Errorf("confirm: %w (is the broker blocking publishers? see its alarms)", err)
+	case !ok:
+		return errors.New("the broker nacked the publish")
+	}
+	// The broker sends basic.return before the ack.
+	for {
+		select {
+		case ret := <-p.returns:
+			if ret.Headers[HeaderPublishID] == id {
+				return ErrNotRouted
+			}
+		default:
+			return nil
+		}
+	}
+}
+
+// HeaderReplayID marks each replay with the replaying run's ID, so that a
+// replay that fails again and comes back is recognised.
+const HeaderReplayID = "x-idem-replay-id"
+
+// Replayer re-publishes dead letters onto the work queue.
+type Replayer struct {
+	p    *publisher
+	topo consumer.Topology
+}
+
+// Replayer opens a confirm-mode channel on the publishing connection for
+// replays onto the work queue. Close it when done.
+func (q *Queue) Replayer() (*Replayer, error) {
+	p, err := q.publisher()
+	if err != nil {
+		return nil, err
+	}
+	return &Replayer{p: p, topo: q.Topology}, nil
 }
 
 // Close closes the replay channel.
-func (r *Replayer) Close() error { return r.ch.Close() }
+func (r *Replayer) Close() error { r.p.close(); return nil }
 
 // headersDropped are the headers a replay does not carry: the dead letter's
 // diagnosis and the broker's delivery counts, so that the replay starts with
 // a fresh attempt budget.
 var headersDropped = []string{
 	consumer.HeaderReason, consumer.HeaderError, consumer.HeaderQueue, consumer.HeaderDeliveryCount,
-	consumer.HeaderDeadLetterID, consumer.HeaderDeadLetteredAt, HeaderReplayID,
+	consumer.HeaderDeadLetterID, consumer.HeaderDeadLetteredAt, consumer.HeaderEventID, consumer.HeaderPayloadHash,
+	consumer.HeaderShardKey, HeaderReplayID, HeaderPublishID,
 	"x-death", "x-first-death-reason", "x-first-death-queue", "x-first-death-exchange",
 	"x-last-death-reason", "x-last-death-queue", "x-last-death-exchange", "x-delivery-count",
 }
@@ -262,10 +428,11 @@ var ErrNotRouted = errors.New("the broker routed the replay to no queue (does th
 
 // Ours reports whether m is a replay this Replayer published: it failed
 // again and came back while the replay still runs. Replaying it again would
-// be a loop.
+// be a loop. (A walk never reaches such a message, which lands behind its
+// fence; this is a second guard.)
 func (r *Replayer) Ours(m Message) bool {
 	id, _ := m.D.Headers[HeaderReplayID].(string)
-	return strings.HasPrefix(id, r.run+"-")
+	return strings.HasPrefix(id, r.p.run+"-")
 }
 
 // Target is the work queue a replay of m goes to: the queue it was
@@ -284,31 +451,9 @@ func (r *Replayer) Target(m Message) string {
 // once the broker confirmed it: only then may m leave the dead-letter queue.
 func (r *Replayer) Replay(ctx context.Context, m Message) error {
 	p := Publishing(m)
-	r.seq++
-	id := r.run + "-" + strconv.Itoa(r.seq)
-	p.Headers[HeaderReplayID] = id
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	dc, err := r.ch.PublishWithDeferredConfirmWithContext(ctx, "", r.Target(m), true, false, p)
-	if err != nil {
-		return fmt.Errorf("dlq: replay publish: %w", err)
+	p.Headers[HeaderReplayID] = r.p.run + "-" + strconv.Itoa(r.p.seq+1)
+	if err := r.p.send(ctx, r.Target(m), p); err != nil {
+		return fmt.Errorf("dlq: replay: %w", err)
 	}
-	ok, err := dc.WaitContext(ctx)
-	switch {
-	case err != nil:
-		return fmt.Errorf("dlq: replay confirm: %w", err)
-	case !ok:
-		return errors.New("dlq: the broker nacked the replay")
-	}
-	// The broker sends basic.return before the ack.
-	for {
-		select {
-		case ret := <-r.returns:
-			if ret.Headers[HeaderReplayID] == id {
-				return ErrNotRouted
-			}
-		default:
-			return nil
-		}
-	}
+	return nil
 }

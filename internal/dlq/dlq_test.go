@@ -15,8 +15,11 @@ func TestParseReadsTheConsumersHeadersAndTheBrokers(t *testing.T) {
 	m := Parse(amqp.Delivery{Headers: amqp.Table{
 		consumer.HeaderReason: "handler_failed", consumer.HeaderError: "boom", consumer.HeaderQueue: "q",
 		consumer.HeaderDeliveryCount: int64(5), consumer.HeaderDeadLetteredAt: at, HeaderReplays: int64(2),
-	}})
-	require.Equal(t, Message{D: m.D, Reason: "handler_failed", Error: "boom", Queue: "q", Attempts: 5, Replays: 2, DeadLetteredAt: at}, m)
+		consumer.HeaderEventID: "evt_1", consumer.HeaderPayloadHash: "ab", consumer.HeaderShardKey: "user_1",
+	}, MessageId: "m_1"})
+	require.Equal(t, Message{D: m.D, Reason: "handler_failed", Error: "boom", Queue: "q", Attempts: 5, Replays: 2, DeadLetteredAt: at,
+		EventID: "evt_1", PayloadHash: "ab", ShardKey: "user_1"}, m)
+	require.Equal(t, "m_1", Parse(amqp.Delivery{MessageId: "m_1"}).EventID, "without the header, the message ID")
 
 	// The broker's own dead letter: x-delivery-limit reached.
 	m = Parse(amqp.Delivery{Headers: amqp.Table{

@@ -38,6 +38,12 @@ const (
 	ReasonUnknownType    = "unknown_type"
 )
 
+// Reasons lists the handler's dead-letter reasons.
+func Reasons() []string {
+	return []string{ReasonInvalidJSON, ReasonInvalidUTF8, ReasonDuplicateKey, ReasonUnknownField, ReasonNULCharacter,
+		ReasonInvalidEventID, ReasonInvalidField, ReasonUnknownType}
+}
+
 // Event is the message body:
 //
 //	{"eventId","userId","type","amount"[,"occurredAt"]}
@@ -62,7 +68,9 @@ var knownFields = []string{"eventId", "userId", "type", "amount", "occurredAt"}
 // bodies are never read as the same event: the body must be one JSON object
 // of valid UTF-8 with each known key exactly once, no other keys, no trailing
 // data, and no NUL or invalid escapes in its strings. Every error is a
-// consumer.Reject with one of the Reason constants.
+// consumer.Reject with one of the Reason constants; once the event ID was
+// read, the Event returned with an error carries it (and nothing else), so
+// that the dead letter names its event.
 func Decode(body []byte) (Event, error) {
 	if !utf8.Valid(body) {
 		return Event{}, consumer.Reject(ReasonInvalidUTF8, fmt.Errorf("body is not valid UTF-8 (first bad byte at %d)", firstInvalidUTF8(body)))
@@ -86,43 +94,43 @@ func Decode(body []byte) (Event, error) {
 	user, err := stringField(fields, "userId")
 	switch {
 	case err != nil:
-		return Event{}, err
+		return Event{EventID: ev.EventID}, err
 	case user == nil || *user == "":
-		return Event{}, fieldErr("userId", "missing or empty")
+		return Event{EventID: ev.EventID}, fieldErr("userId", "missing or empty")
 	case len(*user) > MaxUserIDLen:
-		return Event{}, fieldErr("userId", "%d bytes, limit %d", len(*user), MaxUserIDLen)
+		return Event{EventID: ev.EventID}, fieldErr("userId", "%d bytes, limit %d", len(*user), MaxUserIDLen)
 	case strings.IndexFunc(*user, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0:
-		return Event{}, fieldErr("userId", "has an unprintable character")
+		return Event{EventID: ev.EventID}, fieldErr("userId", "has an unprintable character")
 	}
 	ev.UserID = *user
 
 	typ, err := stringField(fields, "type")
 	switch {
 	case err != nil:
-		return Event{}, err
+		return Event{EventID: ev.EventID}, err
 	case typ == nil:
-		return Event{}, fieldErr("type", "missing")
+		return Event{EventID: ev.EventID}, fieldErr("type", "missing")
 	case *typ != TypePaymentCompleted:
-		return Event{}, consumer.Reject(ReasonUnknownType, fmt.Errorf("type %q is not %s", *typ, TypePaymentCompleted))
+		return Event{EventID: ev.EventID}, consumer.Reject(ReasonUnknownType, fmt.Errorf("type %q is not %s", *typ, TypePaymentCompleted))
 	}
 	ev.Type = *typ
 
 	raw, ok := fields["amount"]
 	if !ok || string(raw) == "null" {
-		return Event{}, fieldErr("amount", "missing")
+		return Event{EventID: ev.EventID}, fieldErr("amount", "missing")
 	}
 	if ev.Amount, err = parseAmount(raw); err != nil {
-		return Event{}, fieldErr("amount", "%v", err)
+		return Event{EventID: ev.EventID}, fieldErr("amount", "%v", err)
 	}
 
 	at, err := stringField(fields, "occurredAt")
 	if err != nil {
-		return Event{}, err
+		return Event{EventID: ev.EventID}, err
 	}
 	if at != nil {
 		t, err := time.Parse(time.RFC3339Nano, *at)
 		if err != nil {
-			return Event{}, fieldErr("occurredAt", "want an RFC 3339 time such as 2026-11-30T12:00:00Z, got %q", *at)
+			return Event{EventID: ev.EventID}, fieldErr("occurredAt", "want an RFC 3339 time such as 2026-11-30T12:00:00Z, got %q", *at)
 		}
 		ev.OccurredAt = t.UTC()
 	}

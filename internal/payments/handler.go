@@ -20,7 +20,7 @@ var _ consumer.Handler[Event] = Handler{}
 func (Handler) Decode(m consumer.Message) (guard.Event, Event, error) {
 	ev, err := Decode(m.Body)
 	if err != nil {
-		return guard.Event{}, Event{}, err
+		return guard.Event{ID: ev.EventID}, Event{}, err // the ID, if it was read, names the dead letter
 	}
 	// The user is the shard key: a payment writes its ledger row and its
 	// balance, both keyed by the user, on the shard that holds its dedup row.

@@ -91,6 +91,14 @@ const (
 	ReasonDeliveryLimit = "delivery_limit"
 )
 
+// Reasons lists the dead-letter reasons the runtime and the broker write. A
+// handler's Decode and Apply add their own through Reject.
+func Reasons() []string {
+	return []string{ReasonDecode, ReasonPayloadConflict, ReasonHandlerFailed, ReasonHandlerTimeout, ReasonCommitFailed,
+		ReasonStoreFailed, ReasonDataException, ReasonNumericOverflow, ReasonIntegrityViolation, ReasonBeyondRetention,
+		ReasonFutureTimestamp, ReasonMissingTime, ReasonInvalidEvent, ReasonDeliveryLimit}
+}
+
 // Reasons a delivery goes back to the queue (OutcomeRetry) rather than to
 // the dead-letter queue.
 const (

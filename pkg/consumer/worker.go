@@ -3,6 +3,7 @@ package consumer
 import (
 	"cmp"
 	"context"
+	"encoding/hex"
 	"errors"
 	"strconv"
 	"sync"
@@ -22,6 +23,16 @@ const (
 	HeaderDeliveryCount = "x-idem-delivery-count"
 	// HeaderDeadLetteredAt is when the consumer dead-lettered the message.
 	HeaderDeadLetteredAt = "x-idem-dead-lettered-at"
+	// HeaderEventID is the event ID the handler's Decode read, whenever it
+	// got that far: the tools find a dead letter by it, whatever the
+	// handler's body looks like.
+	HeaderEventID = "x-idem-event-id"
+	// HeaderPayloadHash is the event's payload hash (hex), when Decode
+	// returned one: for a payload conflict, what differs from the row.
+	HeaderPayloadHash = "x-idem-payload-hash"
+	// HeaderShardKey is the event's shard key, when it has one: the tools
+	// find the shard of its dedup row by it.
+	HeaderShardKey = "x-idem-shard-key"
 )
 
 // maxErrorHeader bounds the error text copied into a dead letter.
@@ -88,7 +99,8 @@ func (w *worker[T]) prepare(ctx context.Context, d amqp.Delivery, received time.
 		if !ok {
 			reason = ReasonDecode
 		}
-		// The ID, if Decode got that far, names the event in logs.
+		// The ID, if Decode got that far, names the event in logs and in
+		// the dead letter's headers.
 		w.deadLetter(ctx, item[T]{d: d, ev: guard.Event{ID: ev.ID}, received: received}, reason, err)
 		return item[T]{}, false
 	}
@@ -214,6 +226,15 @@ func (w *worker[T]) deadLetter(ctx context.Context, it item[T], reason string, c
 	headers[HeaderQueue] = cmp.Or(w.queueOf[d.ConsumerTag], cfg.Queue)
 	headers[HeaderDeliveryCount] = int64(deliveryCount(d) + 1)
 	headers[HeaderDeadLetteredAt] = time.Now().UTC()
+	if guard.ValidateID(it.ev.ID) == nil {
+		headers[HeaderEventID] = it.ev.ID
+	}
+	if len(it.ev.Hash) > 0 {
+		headers[HeaderPayloadHash] = hex.EncodeToString(it.ev.Hash)
+	}
+	if it.ev.ShardKey != "" {
+		headers[HeaderShardKey] = it.ev.ShardKey
+	}
 	w.letters <- letter[T]{it: it, reason: reason, cause: cause, p: amqp.Publishing{
 		Headers:      headers,
 		ContentType:  d.ContentType,

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -42,10 +43,10 @@ func TestDeadLetterTools(t *testing.T) {
 		require.Zero(t, r.code, "idem %v:\n%s", args, r.out)
 		return r.out
 	}
-	fails := func(args ...string) string {
+	usage := func(args ...string) string { // a usage error: exit 2
 		t.Helper()
 		r := e.run(nil, args...)
-		require.Equal(t, 1, r.code, "idem %v:\n%s", args, r.out)
+		require.Equal(t, 2, r.code, "idem %v:\n%s", args, r.out)
 		return r.out
 	}
 
@@ -56,11 +57,25 @@ func TestDeadLetterTools(t *testing.T) {
 		pay("evt_a", "user_1", "999"),       // payload_conflict
 		pay("evt_p", "user_poison", "7"),    // handler_failed, twice
 		pay("evt_late", "user_poison", "5"), // handler_failed
+		pay("evt_neg", "user_1", "-5"),      // invalid_field, after the event ID was read
 	)
+	waitDLQ(5)
+
+	// A dead letter of an event whose body was partly decodable is found
+	// by its event ID (the consumer's header, not a decode of the body).
+	out := ok("dlq", "show", "--event", "evt_neg")
+	require.Regexp(t, `event_id:\s+evt_neg\n`, out)
+	require.Regexp(t, `reason:\s+invalid_field\n`, out)
+	require.Contains(t, ok("dlq", "purge", "--reason", "invalid_field", "--yes"), "purged 1 dead letters")
 	waitDLQ(4)
+	// A reason idem never writes is refused, naming the known ones.
+	out = usage("dlq", "purge", "--reason", "invalid_jsn", "--yes")
+	require.Contains(t, out, `"invalid_jsn" is not a reason idem writes`)
+	require.Contains(t, out, "invalid_json")
+	usage("dlq", "show", "-n", "0")
 
 	// list: counts by reason, with ages.
-	out := ok("dlq", "list")
+	out = ok("dlq", "list")
 	require.Contains(t, out, dlqName+": 4 dead letters")
 	require.Regexp(t, `handler_failed\s+2\s+\d+s\s+\d+s`, out)
 	require.Regexp(t, `invalid_json\s+1\s`, out)
@@ -81,7 +96,7 @@ func TestDeadLetterTools(t *testing.T) {
 	require.Equal(t, 4, dlqDepth(), "show moves nothing")
 
 	// replay: refuses without a selector; a dry run moves nothing.
-	require.Contains(t, fails("dlq", "replay"), "--reason R, --event ID, or --all")
+	require.Contains(t, usage("dlq", "replay"), "--reason R, --event ID, or --all")
 	out = ok("dlq", "replay", "--reason", "handler_failed", "--dry-run")
 	require.Contains(t, out, "would replay evt_p")
 	require.Contains(t, out, "would replay 2 dead letters")
@@ -106,7 +121,8 @@ func TestDeadLetterTools(t *testing.T) {
 	// duplicate, the ledger unchanged.
 	ch := e.channel()
 	require.NoError(t, ch.PublishWithContext(context.Background(), "", dlqName, false, false,
-		amqp.Publishing{Body: pay("evt_p", "user_poison", "7").Body, Timestamp: time.Now(), DeliveryMode: amqp.Persistent}))
+		amqp.Publishing{Body: pay("evt_p", "user_poison", "7").Body, Timestamp: time.Now(), DeliveryMode: amqp.Persistent,
+			Headers: amqp.Table{consumer.HeaderEventID: "evt_p", consumer.HeaderReason: consumer.ReasonHandlerFailed}}))
 	waitDLQ(3)
 	out = ok("dlq", "replay", "--event", "evt_p")
 	require.Contains(t, out, "replayed 1 dead letters")
@@ -120,7 +136,7 @@ func TestDeadLetterTools(t *testing.T) {
 	require.Contains(t, out, "user user_poison, amount 7")
 
 	// purge: refuses without --yes; deletes only the reason it is given.
-	require.Contains(t, fails("dlq", "purge"), "add --yes")
+	require.Contains(t, usage("dlq", "purge"), "add --yes")
 	require.Contains(t, ok("dlq", "purge", "--reason", "invalid_json", "--yes"), "purged 1 dead letters")
 	require.Equal(t, 1, dlqDepth())
 	require.Regexp(t, `reason:\s+payload_conflict\n`, ok("dlq", "show"))
@@ -174,7 +190,7 @@ func requireEventLogLines(t *testing.T, path string, n int) {
 			require.Contains(t, rec, k, line)
 		}
 		require.Equal(t, "payments", rec["scope"], line)
-		if rec["reason"] != "invalid_json" {
+		if rec["reason"] != "invalid_json" { // every other dead letter got as far as its event ID
 			require.NotEmpty(t, rec["event_id"], line)
 		}
 	}
