@@ -61,7 +61,14 @@ rabbitmq() {
 	fi
 }
 
+# promtool unit-tests the alert rules (deploy/prometheus/rules); only the
+# tool is needed, no Prometheus server is started.
+alert_tools() {
+	need_pkg promtool --no-install-recommends prometheus
+}
+
 postgres
 redis
 rabbitmq
-log "PostgreSQL, Redis and RabbitMQ are up"
+alert_tools
+log "PostgreSQL, Redis and RabbitMQ are up; promtool is installed"

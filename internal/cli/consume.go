@@ -66,6 +66,7 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	m.AddReasons(payments.Reasons()...)
 	var running atomic.Pointer[consumer.Consumer[payments.Event]] // set once it exists
 	stats := func() consumer.Stats {
 		if c := running.Load(); c != nil {

@@ -118,6 +118,11 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	for _, o := range guard.Outcomes() {
 		m.acked[o] = m.deliveries.WithLabelValues(o.String(), "")
 	}
+	// The series alerts read start at 0, so that increase() sees the first
+	// conflict or dead letter after a restart (a series born at 1 has no
+	// increase).
+	m.deliveries.WithLabelValues(guard.OutcomePayloadConflict.String(), consumer.ReasonPayloadConflict)
+	m.AddReasons(consumer.Reasons()...)
 	m.stages = map[guard.Stage]prometheus.Observer{}
 	for _, s := range guard.Stages() {
 		m.stages[s] = stages.WithLabelValues(string(s))
@@ -154,6 +159,16 @@ var counterHelp = map[string]string{
 	consumer.CounterReconnect:          "Reconnections to RabbitMQ after a session ended or a dial failed.",
 	consumer.CounterDeadLetterReturned: "Dead letters the broker returned unroutable (dead-letter queue missing); each was requeued and the queue re-declared.",
 	consumer.CounterPublishBlocked:     "Times RabbitMQ blocked the consumer's publishing connection (a memory or disk alarm); dead letters wait meanwhile, acks go on.",
+}
+
+// AddReasons starts the dead-letter series of reasons at 0: the runtime's
+// are started by New; a handler adds the ones it passes to
+// consumer.Reject, so that an alert sees the first dead letter of each.
+func (m *Metrics) AddReasons(reasons ...string) {
+	for _, r := range reasons {
+		m.deadLetters.WithLabelValues(r)
+		m.deliveries.WithLabelValues(guard.OutcomeDeadLettered.String(), r)
+	}
 }
 
 // ObserveStage implements guard.Observer.
