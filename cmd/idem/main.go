@@ -22,7 +22,7 @@ func main() {
 	case errors.Is(err, cli.ErrUsage):
 		os.Exit(2)
 	default:
-		if !errors.Is(err, cli.ErrVerifyFailed) {
+		if !errors.Is(err, cli.ErrVerifyFailed) && !cli.Reported(err) {
 			fmt.Fprintln(os.Stderr, "idem:", err)
 		}
 		os.Exit(1)

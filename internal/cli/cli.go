@@ -48,6 +48,10 @@ type env struct {
 	getenv         func(string) string
 	environ        func() []string
 	red            *redact.Redactor
+	// jsonLog is the logger of a command whose config asks for JSON logs:
+	// Run reports the command's failure through it.
+	jsonLog *slog.Logger
+	warned  bool // the config's warnings were logged
 }
 
 // urlVars are the connection settings whose secrets never reach an output.
@@ -62,10 +66,29 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		red.Add(os.Getenv(k))
 	}
 	e := &env{stdout: red.Writer(stdout), stderr: red.Writer(stderr), getenv: os.Getenv, environ: os.Environ, red: red}
-	if err := run(ctx, e, args); err != nil {
-		return &redactedError{msg: red.String(err.Error()), err: err}
+	err := run(ctx, e, args)
+	if err == nil || errors.Is(err, ErrUsage) || IsHelp(err) {
+		return err
 	}
-	return nil
+	err = &redactedError{msg: red.String(err.Error()), err: err}
+	if e.jsonLog != nil && !errors.Is(err, ErrVerifyFailed) {
+		// In JSON mode the last line is JSON too.
+		e.jsonLog.Error("idem "+args[0]+" failed", "err", err.Error())
+		return &reportedError{err}
+	}
+	return err
+}
+
+// reportedError is an error already logged; the caller need not print it.
+type reportedError struct{ error }
+
+func (e *reportedError) Unwrap() error { return e.error }
+
+// Reported reports whether err was already logged (in JSON mode), so that
+// the caller must not print it again.
+func Reported(err error) bool {
+	var r *reportedError
+	return errors.As(err, &r)
 }
 
 // redactedError is an error whose message was redacted; errors.Is and As
@@ -157,20 +180,29 @@ var errHelp = errors.New("help shown")
 // IsHelp reports whether err only means that help was shown.
 func IsHelp(err error) bool { return errors.Is(err, errHelp) }
 
-// loadConfig reads the config and builds the logger it asks for.
+// loadConfig reads the config, builds the logger it asks for (see
+// newLogger) and logs the config's warnings once.
 func (e *env) loadConfig(path string) (config.Config, *slog.Logger, error) {
-	boot := slog.New(slog.NewTextHandler(e.stderr, nil))
-	cfg, err := config.Load(path, e.environ(), boot)
+	cfg, err := config.Load(path, e.environ())
 	e.red.Add(cfg.AMQPURL, cfg.RedisURL, cfg.DatabaseURL, cfg.Postgres.Shards) // the file may set them too
 	if err != nil {
+		if cfg.LogFormat == "json" { // read before the error: report it as JSON
+			e.jsonLog = newLogger(e.stderr, "json", slog.LevelInfo)
+		}
 		return cfg, nil, err
 	}
 	level, _ := config.ParseLevel(cfg.LogLevel) // validated by Load
-	opts := &slog.HandlerOptions{Level: level}
+	log := newLogger(e.stderr, cfg.LogFormat, level)
 	if cfg.LogFormat == "json" {
-		return cfg, slog.New(slog.NewJSONHandler(e.stderr, opts)), nil
+		e.jsonLog = log
 	}
-	return cfg, slog.New(slog.NewTextHandler(e.stderr, opts)), nil
+	if !e.warned {
+		e.warned = true
+		for _, w := range cfg.Warnings() {
+			log.Warn("config: " + w)
+		}
+	}
+	return cfg, log, nil
 }
 
 func runConfig(_ context.Context, e *env, args []string) error {
@@ -179,6 +211,7 @@ func runConfig(_ context.Context, e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	e.warned = true // printed below, with the settings
 	cfg, _, err := e.loadConfig(*path)
 	if err != nil {
 		return err
@@ -190,6 +223,13 @@ func runConfig(_ context.Context, e *env, args []string) error {
 	fmt.Fprintf(e.stdout, "%-36s %-38s %s\n", "SETTING", "ENV", "VALUE")
 	for _, f := range config.Fields() {
 		fmt.Fprintf(e.stdout, "%-36s %-38s %s\n", f.Path, f.Env, eff[f.Path])
+	}
+	// The warnings idem consume would log with these settings.
+	for _, w := range cfg.Warnings() {
+		fmt.Fprintf(e.stdout, "\nwarning: %s", w)
+	}
+	if len(cfg.Warnings()) > 0 {
+		fmt.Fprintln(e.stdout)
 	}
 	return nil
 }

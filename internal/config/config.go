@@ -4,7 +4,6 @@ package config
 
 import (
 	"fmt"
-	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -220,8 +219,9 @@ func Default() Config {
 // Load returns the defaults overlaid with the YAML file at path (if path is
 // not empty) and then with the environment (environ, as os.Environ returns
 // it), validated. An IDEM_* variable that names no setting is an error, like
-// an unknown YAML key. Warnings about risky but legal settings go to log.
-func Load(path string, environ []string, log *slog.Logger) (Config, error) {
+// an unknown YAML key. Risky but legal settings are listed by Warnings, for
+// the caller to log once.
+func Load(path string, environ []string) (Config, error) {
 	cfg := Default()
 	if path != "" {
 		b, err := os.ReadFile(path)
@@ -240,9 +240,6 @@ func Load(path string, environ []string, log *slog.Logger) (Config, error) {
 	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, err
-	}
-	for _, w := range cfg.Warnings() {
-		log.Warn("config: " + w)
 	}
 	return cfg, nil
 }

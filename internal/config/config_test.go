@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -24,7 +23,7 @@ func load(t *testing.T, yaml string, env map[string]string) (Config, error) {
 	for k, v := range env {
 		environ = append(environ, k+"="+v)
 	}
-	return Load(path, environ, slog.New(slog.DiscardHandler))
+	return Load(path, environ)
 }
 
 func TestDefaultsAreValid(t *testing.T) {
@@ -156,7 +155,7 @@ func TestEveryFieldHasAnEnvVar(t *testing.T) {
 
 // The example file documents every setting with its default: keep it true.
 func TestExampleFileMatchesDefaults(t *testing.T) {
-	cfg, err := Load("../../idem.example.yaml", nil, slog.New(slog.DiscardHandler))
+	cfg, err := Load("../../idem.example.yaml", nil)
 	require.NoError(t, err)
 	want := Default()
 	want.Postgres.MaxConns = int32(want.Consumer.Workers + 4)
