@@ -181,7 +181,9 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	pub := exec.CommandContext(ctx, o.Bin, "publish", "--quiet", "--count", fmt.Sprint(distinct),
 		"--users", fmt.Sprint(o.Users), "--dup-ratio", fmt.Sprint(o.DupRatio), "--delay-window", "2000",
 		"--rate", fmt.Sprint(o.Rate), "--seed", fmt.Sprint(o.Seed), "--run", r.id, "--manifest", manifest)
-	pub.Env = append(os.Environ(), "AMQP_URL="+r.publishURL(), "IDEM_QUEUE="+r.queue, fmt.Sprintf("IDEM_PARTITIONS=%d", max(1, o.Partitions)))
+	// The consumers' settings (their database records the partition count
+	// the publisher checks), on the publisher's node.
+	pub.Env = append(append(os.Environ(), r.consumerEnv()...), "AMQP_URL="+r.publishURL())
 	pubLog, err := os.Create(filepath.Join(o.Dir, "publish.log"))
 	if err != nil {
 		return nil, err

@@ -29,6 +29,7 @@ var commands = []command{
 	{"verify", "check the database against a publish manifest", runVerify},
 	{"migrate", "create or update the database tables", runMigrate},
 	{"prune", "delete dedup rows older than postgres.retention", runPrune},
+	{"repartition", "change the stream's partition count, once its queues are empty", runRepartition},
 	{"demo", "run a fleet on a stream with duplicates and verify it", runDemo},
 	{"chaos", "run a fleet under a seeded schedule of faults and judge it", runChaos},
 	{"lab", "compare the five dedup approaches under the same faults", runLab},

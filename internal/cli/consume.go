@@ -102,6 +102,7 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	startup := cfg.Consumer.StartupTimeout
 	stores := make([]*pgtier.Store, len(dbs))
 	var notBefore time.Time
+	formerPartitions := 0
 	for i, pool := range dbs {
 		stores[i] = pgtier.New(pool)
 		what := func(s string) string {
@@ -129,6 +130,15 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return startErr(ctx, err)
 		}
+		// Publishers and consumers must split the stream alike.
+		err = waitPostgres(ctx, startup, what("checking the stream's partition count (partitions)"), log, func(ctx context.Context) (err error) {
+			l, err := stores[i].CheckPartitions(ctx, cfg.Queue, cfg.Partitions)
+			formerPartitions = max(formerPartitions, l.Previous)
+			return err
+		})
+		if err != nil {
+			return startErr(ctx, err)
+		}
 		// Record the retention we enforce, so that prune cannot cut below
 		// it, and learn where an earlier prune cut.
 		var horizon pgtier.Horizon
@@ -152,6 +162,7 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	ccfg := consumerConfig(cfg, *name, log, m, crash)
 	ccfg.Only = partitions
 	ccfg.NotBefore = notBefore
+	ccfg.FormerPartitions = formerPartitions
 	c, err := consumer.New(ccfg, g, payments.Handler{})
 	if err != nil {
 		return err
@@ -233,6 +244,13 @@ func readiness(dbs shards, stats func() consumer.Stats, rdb func() redis.Univers
 			// publishing; only dead letters wait.
 			if why := stats().Blocked; why != "" {
 				return fmt.Errorf("blocked by the broker (%s): dead letters wait, acks go on", why)
+			}
+			return nil
+		}},
+		{Name: "stranded", Run: func(context.Context) error {
+			// Reported, not required: this consumer's queues are served.
+			if s := stats(); s.Stranded > 0 {
+				return fmt.Errorf("%d message(s) in %s, which nobody consumes (a publisher uses another partition count)", s.Stranded, strings.Join(s.StrandedIn, ", "))
 			}
 			return nil
 		}},

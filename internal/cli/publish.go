@@ -26,12 +26,15 @@ func runPublish(ctx context.Context, e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	cfg, _, err := e.loadConfig(*path)
+	cfg, log, err := e.loadConfig(*path)
 	if err != nil {
 		return err
 	}
 	if *partitions > 0 {
 		cfg.Partitions = *partitions
+	}
+	if err := checkPartitions(ctx, cfg, log); err != nil {
+		return err
 	}
 	if *run == "" {
 		*run = loadgen.RunID(*seed)

@@ -68,6 +68,12 @@ type Config struct {
 	// Only lists the partitions this consumer takes (0 to Partitions-1);
 	// empty takes them all.
 	Only []int
+	// FormerPartitions is the stream's partition count before its last
+	// change (pgtier.StreamLayout.Previous), 0 if it never changed. The
+	// consumer watches the queues of the stream that its layout lacks (see
+	// Topology.Strays) and reports any message stranded there (Stats,
+	// logs).
+	FormerPartitions int
 	// ConnectionName is the client-provided connection name shown by the
 	// broker. Defaults to DefaultConnectionName.
 	ConnectionName string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -29,6 +30,10 @@ type Consumer[T any] struct {
 	live atomic.Pointer[acker]
 	// blocked is whether the broker blocks the publishing connection.
 	blocked blockState
+	// strays are the stream's queues outside its layout; stranded what
+	// the last check found in them.
+	strays   []string
+	stranded atomic.Pointer[map[string]int]
 }
 
 // New returns a Consumer, or an error naming the bad Config field.
@@ -45,6 +50,7 @@ func New[T any](cfg Config, g *guard.Guard, h Handler[T]) (*Consumer[T], error) 
 	t.Partitions = cfg.Partitions
 	c := &Consumer[T]{cfg: cfg, guard: g, handler: h, topology: t, urls: SplitURLs(cfg.URL)}
 	c.queues = t.Queues()
+	c.strays = t.Strays(cfg.FormerPartitions)
 	if len(cfg.Only) > 0 {
 		c.queues = nil
 		for _, p := range slices.Compact(slices.Sorted(slices.Values(cfg.Only))) {
@@ -66,6 +72,12 @@ func (c *Consumer[T]) Stats() Stats {
 		s.Consuming, s.InFlight, s.Unacked = true, unsettled, unsettled+held
 	}
 	s.Blocked, _ = c.blocked.state()
+	if m := c.stranded.Load(); m != nil {
+		for _, q := range slices.Sorted(maps.Keys(*m)) {
+			s.Stranded += (*m)[q]
+			s.StrandedIn = append(s.StrandedIn, q)
+		}
+	}
 	return s
 }
 
@@ -182,6 +194,10 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	// with the others: end the session instead, and the next one consumes
 	// every queue again.
 	cancelled := ch.NotifyCancel(make(chan string, len(c.queues)))
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() { defer close(watched); c.watchStrays(watchCtx, conn) }()
+	defer func() { stopWatching(); <-watched }()
 	c.consumed.Store(true)
 	c.cfg.Logger.Info("consuming", "queues", c.queues, "node", node+1, "prefetch", c.cfg.Prefetch, "workers", c.cfg.Workers,
 		"batch_size", c.cfg.BatchSize, "batch_linger", c.cfg.BatchLinger)
@@ -280,6 +296,63 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		c.cfg.Logger.Info("drained and closed", "queues", c.queues)
 	}
 	return cause
+}
+
+// strayCheckEvery is how often a session looks for messages stranded in
+// the stream's queues outside its layout.
+const strayCheckEvery = 10 * time.Second
+
+// watchStrays checks the stream's stray queues (Topology.Strays) at once and
+// then every strayCheckEvery until ctx ends, records what it finds for
+// Stats, and logs an error whenever the count of stranded messages changes.
+func (c *Consumer[T]) watchStrays(ctx context.Context, conn *amqp.Connection) {
+	if len(c.strays) == 0 {
+		return
+	}
+	var ch *amqp.Channel
+	defer func() {
+		if ch != nil {
+			ch.Close()
+		}
+	}()
+	t := time.NewTicker(strayCheckEvery)
+	defer t.Stop()
+	last := -1
+	for {
+		found := map[string]int{}
+		for _, q := range c.strays {
+			if ch == nil || ch.IsClosed() {
+				var err error
+				if ch, err = conn.Channel(); err != nil {
+					return // the session is ending
+				}
+			}
+			// A passive declare of a queue that does not exist closes the
+			// channel: the queue is simply not there.
+			if info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err == nil && info.Messages > 0 {
+				found[q] = info.Messages
+			}
+		}
+		c.stranded.Store(&found)
+		total := 0
+		for _, n := range found {
+			total += n
+		}
+		if total != last && (total > 0 || last > 0) {
+			if total > 0 {
+				c.cfg.Logger.Error("messages stranded in queues of the stream that nobody consumes: a publisher uses another partition count; move them with a shovel or publish them again, then fix the publisher",
+					"stranded", found, "partitions", max(c.cfg.Partitions, 1))
+			} else {
+				c.cfg.Logger.Info("no messages stranded any more")
+			}
+		}
+		last = total
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // watchBlocked records the broker's connection.blocked and

@@ -95,6 +95,10 @@ type Stats struct {
 	Unacked int
 	// Prefetch is Config.Prefetch.
 	Prefetch int
+	// Stranded counts the messages in queues of the stream that nobody
+	// consumes (Topology.Strays), as last checked; StrandedIn names them.
+	Stranded   int
+	StrandedIn []string
 	// Blocked says why the broker blocks this consumer's publishing
 	// connection (a memory or disk alarm: "low on memory"); empty when it
 	// does not. Dead letters wait meanwhile, unacked; acks go on.

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -52,6 +53,28 @@ func (t Topology) Queues() []string {
 	out := make([]string, t.Partitions)
 	for p := range out {
 		out[p] = t.PartitionQueue(p)
+	}
+	return out
+}
+
+// Strays returns the queues of the stream outside its layout that a
+// publisher may still send to: Queue itself while the stream is
+// partitioned (it was one queue once), and the queues of the former
+// partition count (0: none) that the current one lacks. Nobody consumes
+// them; a message there is stranded.
+func (t Topology) Strays(former int) []string {
+	current := t.Queues()
+	old := t
+	old.Partitions = former
+	candidates := []string{t.Queue}
+	if former > 0 {
+		candidates = append(candidates, old.Queues()...)
+	}
+	var out []string
+	for _, q := range candidates {
+		if !slices.Contains(current, q) && !slices.Contains(out, q) {
+			out = append(out, q)
+		}
 	}
 	return out
 }
