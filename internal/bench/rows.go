@@ -53,6 +53,7 @@ func Rows() []Row {
 	}
 	return append(rows,
 		Row{Name: "batched, Redis down, 25%", Mode: "idem", Env: batched, Dups: 0.25, Procs: 1, RedisDown: true, Baseline: "raw 25%"},
+		Row{Name: "batched, key order, 25%", Mode: "idem", Env: with(batched, "IDEM_CONSUMER_KEY_ORDER=true"), Dups: 0.25, Procs: 1, Baseline: "batched, Redis on, 25%"},
 		Row{Name: "batched, 2 processes, 25%", Mode: "idem", Env: batched, Dups: 0.25, Procs: 2, Baseline: "batched, Redis on, 25%"},
 		Row{Name: "batched, 10M-row table, 25%", Mode: "idem", Env: batched, Dups: 0.25, Procs: 1, Prefilled: true, Baseline: "batched, Redis on, 25%"},
 		Row{Name: "batched, latency at fixed rate, 25%", Mode: "idem", Env: batched, Dups: 0.25, Procs: 1, Latency: true, Baseline: "raw 25%"},

@@ -420,6 +420,7 @@ func consumerConfig(cfg config.Config, name string, log *slog.Logger, obs consum
 		Workers:             cfg.Consumer.Workers,
 		BatchSize:           cfg.Consumer.BatchSize,
 		BatchLinger:         cfg.Consumer.BatchLinger,
+		KeyOrder:            cfg.Consumer.KeyOrder,
 		DeliveryLimit:       cfg.Consumer.DeliveryLimit,
 		BrokerDeliveryLimit: cfg.Consumer.BrokerDeliveryLimit,
 		HandlerTimeout:      cfg.Consumer.HandlerTimeout,

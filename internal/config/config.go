@@ -81,6 +81,11 @@ type Consumer struct {
 	// deliveries while no other batch is in flight (three times as long
 	// while one is); it bounds the latency batching adds. Defaults to 5ms.
 	BatchLinger time.Duration `yaml:"batch_linger"`
+	// KeyOrder applies one user's events in the order the consumer received
+	// them, within a partition (see consumer.Config.KeyOrder): for handlers
+	// where a refund must follow its payment. Costs throughput (idem bench
+	// row "batched, key order, 25%"). Defaults to false.
+	KeyOrder bool `yaml:"key_order"`
 	// DeliveryLimit is attempts for a failing handler before the message is
 	// dead-lettered. Defaults to 5.
 	DeliveryLimit int `yaml:"delivery_limit"`

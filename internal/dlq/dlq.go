@@ -436,8 +436,9 @@ func (r *Replayer) Ours(m Message) bool {
 }
 
 // Target is the work queue a replay of m goes to: the queue it was
-// dead-lettered from, which with partitions is its key's partition, so
-// that the key's events keep their order. A dead letter that names no queue
+// dead-lettered from, which with partitions is its key's partition (a
+// replay comes after the key's later events: its place in their order is
+// lost). A dead letter that names no queue
 // of the topology goes to the first.
 func (r *Replayer) Target(m Message) string {
 	queues := r.topo.Queues()

@@ -95,6 +95,17 @@ type Config struct {
 	// takes a fuller batch. A batch goes at once when it fills. It bounds
 	// the latency batching adds. Defaults to DefaultBatchLinger.
 	BatchLinger time.Duration
+	// KeyOrder applies the events of one key (guard.Event.ShardKey; every
+	// event shares the empty key) in the order this consumer received them:
+	// a batch waits for the batches before it that hold one of its keys,
+	// events another consumer holds the lease on are not set aside, and a
+	// failing event is retried in place, holding its key, rather than
+	// handed back to the queue. For handlers where a refund must follow its
+	// payment. It keeps delivery order only with one consumer per partition
+	// (or queue), and a dead-lettered event is passed by the ones after it.
+	// Off by default: without it, Workers batches run at once and a later
+	// batch may commit before an earlier one.
+	KeyOrder bool
 	// DeliveryLimit is how many deliveries a failing handler gets before
 	// the message is dead-lettered as ReasonHandlerFailed. Defaults to
 	// DefaultDeliveryLimit.

@@ -24,6 +24,11 @@ type screened[T any] struct {
 	// gathered: the batch stands for one the gatherer handed out, which
 	// must be reported finished.
 	gathered bool
+	// With Config.KeyOrder: after are the batches before this one that
+	// hold one of its keys, which it waits for; finished is closed once it
+	// is decided.
+	after    []chan struct{}
+	finished chan struct{}
 }
 
 // screenStage is the pipeline's middle stage: it decodes each gathered batch,
@@ -41,6 +46,21 @@ func (w *worker[T]) screenStage(ctx context.Context, batches <-chan []amqp.Deliv
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	var carry []item[T]
+	// With KeyOrder: the last batch handed out that holds each key.
+	holder := map[string]chan struct{}{}
+	order := func(s *screened[T]) {
+		if !w.c.cfg.KeyOrder || s.done {
+			return
+		}
+		s.finished = make(chan struct{})
+		for _, it := range s.items {
+			k := it.ev.ShardKey
+			if prev, ok := holder[k]; ok && prev != s.finished && !slices.Contains(s.after, prev) {
+				s.after = append(s.after, prev)
+			}
+			holder[k] = s.finished
+		}
+	}
 	for {
 		var ds []amqp.Delivery
 		gathered := true
@@ -53,6 +73,7 @@ func (w *worker[T]) screenStage(ctx context.Context, batches <-chan []amqp.Deliv
 				if len(carry) > 0 {
 					ss, _ := w.screen(ctx, nil, carry)
 					for _, s := range ss {
+						order(&s)
 						w.pass(s, toDecide, finished)
 					}
 				}
@@ -69,6 +90,7 @@ func (w *worker[T]) screenStage(ctx context.Context, batches <-chan []amqp.Deliv
 			// The gatherer counts batches in flight: one report per
 			// gathered batch, however many shards it was split over.
 			s.gathered = gathered && i == len(ss)-1
+			order(&s)
 			w.pass(s, toDecide, finished)
 		}
 	}
@@ -149,6 +171,9 @@ func (w *worker[T]) screenShard(ctx context.Context, items []item[T]) (screened[
 	var later []int
 	var deferred []item[T]
 	for _, group := range byID {
+		if w.c.cfg.KeyOrder {
+			break // a deferred event would be applied after later ones of its key
+		}
 		if slices.ContainsFunc(group, func(i int) bool { return items[i].deferred }) {
 			continue
 		}
@@ -181,8 +206,15 @@ func (w *worker[T]) screenShard(ctx context.Context, items []item[T]) (screened[
 	return screened[T]{done: true}, deferred
 }
 
-// decide takes a screened batch to durable outcomes and acks it.
+// decide takes a screened batch to durable outcomes and acks it. With
+// Config.KeyOrder it first waits for the batches before it that share a key.
 func (w *worker[T]) decide(ctx context.Context, s screened[T]) {
+	if s.finished != nil {
+		for _, prev := range s.after {
+			<-prev
+		}
+		defer close(s.finished)
+	}
 	if s.batch == nil {
 		w.handleBatch(ctx, s.items, &hold{})
 		return

@@ -21,7 +21,9 @@ type Topology struct {
 	// with its own leader, so that throughput is not bounded by one
 	// queue's: Queue.0 to Queue.<Partitions-1>. An event goes to the queue
 	// of partition.Of(key, Partitions) for its partition key, so that the
-	// events of one key keep their order. 0 or 1: one queue, named Queue.
+	// events of one key reach one queue in the order they were published
+	// (applied in that order only with Config.KeyOrder and one consumer
+	// per partition). 0 or 1: one queue, named Queue.
 	Partitions int
 	// DeadLetterExchange is a durable direct exchange routing to DeadLetterQueue.
 	DeadLetterExchange string

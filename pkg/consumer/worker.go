@@ -167,6 +167,16 @@ func (w *worker[T]) handleOne(ctx context.Context, it item[T], h *hold) {
 		}
 		delay := cfg.RetryBackoff.Delay(attempt)
 		cfg.Logger.Debug("attempt failed, will retry", "event_id", ev.ID, "reason", reason, "attempt", attempt, "delay", delay)
+		if cfg.KeyOrder {
+			// Retry in place, holding the key: handed back to the queue,
+			// the event would come after the ones behind it.
+			if !sleep(w.stop, delay) {
+				w.requeue(ctx, it, RequeueShutdown, err)
+				return
+			}
+			attempt++
+			continue
+		}
 		sleep(w.stop, delay)
 		w.requeue(ctx, it, reason, err)
 		return
