@@ -95,3 +95,11 @@ func TestBreakerStateFromTransitionCounts(t *testing.T) {
 	require.Equal(t, "open", breakerState(st("closed->open", 1, "open->half-open", 1, "half-open->open", 1)))
 	require.Equal(t, "closed", breakerState(st("closed->open", 2, "open->half-open", 3, "half-open->open", 1, "half-open->closed", 2)))
 }
+
+// TestEveryKindHasAColour: the report's key and fault windows colour each
+// kind; one without a colour had no swatch (rabbit-kill did not).
+func TestEveryKindHasAColour(t *testing.T) {
+	for _, k := range Kinds {
+		require.NotEmpty(t, kindColor[k], k)
+	}
+}

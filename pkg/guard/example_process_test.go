@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -95,4 +96,38 @@ func ExampleGuard_ProcessBatch() {
 	for i, r := range results {
 		fmt.Println(payments[i].id, r.Outcome) // evt_1 processed, evt_2 processed, evt_1 duplicate_batch
 	}
+}
+
+// payment is the event of ExampleGuard_Process_service.
+type payment struct {
+	ID, User string
+	Amount   int64
+	At       time.Time // when the producer says it happened
+}
+
+// The README's "Using the guard in your own service": the lines between the
+// docs markers are quoted there, and a test checks that they still are.
+// (Compiled, not run: it needs the services.)
+func ExampleGuard_Process_service() {
+	ctx := context.Background()
+	ev := payment{ID: "evt_12345", User: "user_42", Amount: 1000, At: time.Now()}
+	// docs:begin
+	pool, _ := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // migrations.Apply(ctx, pool) creates idem's tables only
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true, MaxRetries: -1})
+	fast, _ := redistier.New(rdb, redistier.Config{Lease: 30 * time.Second, DoneTTL: 24 * time.Hour})
+	g, _ := guard.New(guard.Config{Scope: "billing", Store: pgtier.New(pool), Fast: fast})
+
+	hash := guard.HashFields(ev.ID, ev.User, strconv.FormatInt(ev.Amount, 10))
+	outcome, err := g.Process(ctx, guard.Event{ID: ev.ID, Hash: hash, Time: ev.At},
+		func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `UPDATE accounts SET balance = balance + $1 WHERE id = $2`, ev.Amount, ev.User)
+			return err // every write goes through tx, which also holds the dedup row
+		})
+	switch {
+	case err == nil: // processed, or a duplicate (outcome says which): ack
+	case errors.Is(err, guard.ErrPayloadConflict): // same ID, other payload: dead-letter
+	case outcome == guard.OutcomeRefused: // outside the replay horizon (too old, too far ahead, untimed after a prune): dead-letter
+	default: // nothing committed (or a commit of unknown fate): retry is safe
+	}
+	// docs:end
 }
