@@ -111,6 +111,9 @@ const (
 	RequeueUnroutable = "dead_letter_unroutable"
 	// RequeueUnconfirmed: the broker did not confirm the dead letter.
 	RequeueUnconfirmed = "dead_letter_unconfirmed"
+	// RequeuePublishBlocked: the broker blocked publishing (a memory or
+	// disk alarm) for Config.StoreHold while the dead letter waited.
+	RequeuePublishBlocked = "publish_blocked"
 	// RequeueShutdown: the consumer stopped before the delivery's outcome.
 	RequeueShutdown = "shutdown"
 	// RequeueNoOutcome: the guard returned no outcome for the delivery,

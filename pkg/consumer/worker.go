@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"time"
@@ -275,8 +276,16 @@ func (w *worker[T]) sendLetter(ctx context.Context, l letter[T]) {
 	it, reason, cause := l.it, l.reason, l.cause
 	if why, cleared := w.c.blocked.state(); cleared != nil {
 		cfg.Logger.Warn("dead letter waits: the broker blocks publishing", "event_id", it.ev.ID, "reason", reason, "blocked", why)
+		// The wait is bounded as a store outage's hold is: the delivery
+		// goes back to the queue after StoreHold, well inside the broker's
+		// consumer_timeout, and comes back to wait again.
+		hold := time.NewTimer(cfg.StoreHold)
+		defer hold.Stop()
 		select {
 		case <-cleared:
+		case <-hold.C:
+			w.requeue(ctx, it, RequeuePublishBlocked, fmt.Errorf("the broker blocked publishing for store_hold (%s): %s", cfg.StoreHold, why))
+			return
 		case <-w.stop.Done():
 			w.requeue(ctx, it, RequeueShutdown, cause)
 			return
