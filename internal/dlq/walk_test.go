@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/internal/dlq"
+	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/pkg/consumer"
 )
@@ -24,7 +25,7 @@ func newRig(t *testing.T) *rig {
 	t.Helper()
 	url := testenv.AMQPURL()
 	topo := consumer.TopologyFor(testenv.Queue(t, url), consumer.DefaultBrokerDeliveryLimit)
-	t.Cleanup(func() { _ = deleteQueue(url, topo.DeadLetterQueue) })
+	t.Cleanup(func() { _ = sandbox.DeleteQueue(url, topo.DeadLetterQueue) })
 	conn, err := amqp.Dial(url)
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
@@ -35,20 +36,6 @@ func newRig(t *testing.T) *rig {
 	require.NoError(t, err)
 	t.Cleanup(func() { q.Close() })
 	return &rig{t: t, q: q, ch: ch}
-}
-
-func deleteQueue(url, q string) error {
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	_, err = ch.QueueDelete(q, false, false, false)
-	return err
 }
 
 // put publishes dead letters with these message IDs, confirmed.
