@@ -61,7 +61,13 @@ func runBenchWorker(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	g, closeGuard, err := buildGuard(ctx, cfg, log, []guard.Store{pgtier.New(pool)}, m, nil, func(rdb redis.UniversalClient) { rdb.AddHook(rec.RedisHook()) })
+	// The horizon recorded as idem consume records it, so that every claim
+	// checks it, as in production.
+	store := pgtier.New(pool)
+	if _, err := store.EnforceRetention(ctx, cfg.Postgres.Retention, cfg.Consumer.ClockSkew); err != nil {
+		return err
+	}
+	g, closeGuard, err := buildGuard(ctx, cfg, log, []guard.Store{store}, m, nil, func(rdb redis.UniversalClient) { rdb.AddHook(rec.RedisHook()) })
 	if err != nil {
 		return err
 	}
