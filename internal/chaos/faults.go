@@ -3,11 +3,13 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/sandbox"
+	"github.com/idemhq/idem/pkg/consumer"
 )
 
 // Fault is one injected fault as it happened.
@@ -125,7 +127,14 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 		if r.rabbit != nil {
 			node = r.pubNode.Name
 		}
-		n, err := sandbox.CloseConnectionsVia(node, r.fleet.prefix, "idem chaos: amqp-close fault")
+		// The consume connections: losing one ends a consumer's session,
+		// as losing its publishing connection would. Closing both would
+		// double the fault's time (one rabbitmqctl run each) and delay
+		// the faults behind it.
+		consuming := func(name string) bool {
+			return strings.HasPrefix(name, r.fleet.prefix) && !strings.HasSuffix(name, consumer.PublishingConnectionSuffix)
+		}
+		n, err := sandbox.CloseConnectionsWhere(node, consuming, "idem chaos: amqp-close fault")
 		if err == nil && n == 0 {
 			err = fmt.Errorf("no consumer connection named %s* to close", r.fleet.prefix)
 		}

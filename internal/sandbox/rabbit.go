@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+	"sync"
+	"sync/atomic"
 )
 
 // ErrNoRabbitmqctl means rabbitmqctl is not installed here.
@@ -55,6 +57,13 @@ func CloseConnections(prefix, why string) (int, error) { return CloseConnections
 // CloseConnectionsVia is CloseConnections on the cluster of node (the local
 // node if empty): every node's connections.
 func CloseConnectionsVia(node, prefix, why string) (int, error) {
+	return CloseConnectionsWhere(node, func(name string) bool { return strings.HasPrefix(name, prefix) }, why)
+}
+
+// CloseConnectionsWhere is CloseConnectionsVia for the connections whose
+// client-provided name match accepts. Each close is a rabbitmqctl run of a
+// second or two, so close no more than the fault needs.
+func CloseConnectionsWhere(node string, match func(name string) bool, why string) (int, error) {
 	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
 		return 0, ErrNoRabbitmqctl
 	}
@@ -66,21 +75,30 @@ func CloseConnectionsVia(node, prefix, why string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("sandbox: rabbitmqctl list_connections: %w", err)
 	}
-	n := 0
+	var pids []string
 	for _, line := range strings.Split(string(out), "\n") {
 		pid, props, ok := strings.Cut(line, "\t")
 		if !ok {
 			continue
 		}
-		m := connName.FindStringSubmatch(props)
-		if m == nil || !strings.HasPrefix(m[1], prefix) {
-			continue
-		}
-		// A connection that closed since the listing is not an error.
-		if err := rabbitmqctl(append(via, "close_connection", pid, why)...); err == nil {
-			n++
+		if m := connName.FindStringSubmatch(props); m != nil && match(m[1]) {
+			pids = append(pids, pid)
 		}
 	}
+	// Closed at once, not one after the other: each rabbitmqctl run takes
+	// a second or more, and the connections should go down together.
+	var closed atomic.Int64
+	var wg sync.WaitGroup
+	for _, pid := range pids {
+		wg.Go(func() {
+			// A connection that closed since the listing is not an error.
+			if err := rabbitmqctl(append(via, "close_connection", pid, why)...); err == nil {
+				closed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	n := int(closed.Load())
 	return n, nil
 }
 

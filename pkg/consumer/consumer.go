@@ -139,7 +139,7 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	// during a memory or disk alarm the broker stops reading a connection
 	// that publishes, and acks sent on it would stop with the publish.
 	pubConn, _, err := Dial(c.urls[node:node+1], 0, amqp.Config{
-		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName + "-publish"},
+		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName + PublishingConnectionSuffix},
 		Heartbeat:  10 * time.Second,
 	})
 	if err != nil {
@@ -297,6 +297,10 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	}
 	return cause
 }
+
+// PublishingConnectionSuffix ends the name of a consumer's publishing
+// connection: Config.ConnectionName + PublishingConnectionSuffix.
+const PublishingConnectionSuffix = "-publish"
 
 // strayCheckEvery is how often a session looks for messages stranded in
 // the stream's queues outside its layout.
