@@ -102,6 +102,15 @@ type Consumer struct {
 	RetryBackoffMin time.Duration `yaml:"retry_backoff_min"`
 	// RetryBackoffMax caps retry delays. Defaults to 10s.
 	RetryBackoffMax time.Duration `yaml:"retry_backoff_max"`
+	// ReconnectBackoffMin is the first delay before reconnecting to
+	// RabbitMQ (jittered, doubling). Defaults to consumer.DefaultReconnectBackoff.Min.
+	ReconnectBackoffMin time.Duration `yaml:"reconnect_backoff_min"`
+	// ReconnectBackoffMax caps reconnection delays. Defaults to
+	// consumer.DefaultReconnectBackoff.Max.
+	ReconnectBackoffMax time.Duration `yaml:"reconnect_backoff_max"`
+	// ConfirmTimeout bounds the wait for the broker's confirm of a dead
+	// letter. Defaults to consumer.DefaultConfirmTimeout.
+	ConfirmTimeout time.Duration `yaml:"confirm_timeout"`
 	// StoreHold bounds how long a delivery is retried in place while
 	// Postgres is unreachable before it goes back to the queue. Keep it
 	// under RabbitMQ's consumer_timeout (30m by default). Defaults to 1m.
@@ -200,6 +209,9 @@ func Default() Config {
 			DrainTimeout:        30 * time.Second,
 			RetryBackoffMin:     200 * time.Millisecond,
 			RetryBackoffMax:     10 * time.Second,
+			ReconnectBackoffMin: consumer.DefaultReconnectBackoff.Min,
+			ReconnectBackoffMax: consumer.DefaultReconnectBackoff.Max,
+			ConfirmTimeout:      consumer.DefaultConfirmTimeout,
 			StoreHold:           time.Minute,
 			ClockSkew:           5 * time.Minute,
 			Untimed:             string(consumer.UntimedAuto),

@@ -99,6 +99,9 @@ func (c Config) Validate() error {
 		{"consumer.drain_timeout", c.Consumer.DrainTimeout, 100 * time.Millisecond, time.Hour},
 		{"consumer.retry_backoff_min", c.Consumer.RetryBackoffMin, time.Millisecond, time.Minute},
 		{"consumer.retry_backoff_max", c.Consumer.RetryBackoffMax, time.Millisecond, time.Hour},
+		{"consumer.reconnect_backoff_min", c.Consumer.ReconnectBackoffMin, time.Millisecond, time.Minute},
+		{"consumer.reconnect_backoff_max", c.Consumer.ReconnectBackoffMax, time.Millisecond, time.Hour},
+		{"consumer.confirm_timeout", c.Consumer.ConfirmTimeout, 100 * time.Millisecond, 10 * time.Minute},
 		{"consumer.store_hold", c.Consumer.StoreHold, time.Second, 25 * time.Minute},
 		{"consumer.clock_skew", c.Consumer.ClockSkew, time.Second, day},
 		{"consumer.startup_timeout", c.Consumer.StartupTimeout, time.Second, day},
@@ -127,6 +130,8 @@ func (c Config) Validate() error {
 			c.Consumer.BrokerDeliveryLimit, c.Consumer.DeliveryLimit)
 	case c.Consumer.RetryBackoffMax < c.Consumer.RetryBackoffMin:
 		return bad("consumer.retry_backoff_max", "%s is below consumer.retry_backoff_min (%s)", c.Consumer.RetryBackoffMax, c.Consumer.RetryBackoffMin)
+	case c.Consumer.ReconnectBackoffMax < c.Consumer.ReconnectBackoffMin:
+		return bad("consumer.reconnect_backoff_max", "%s is below consumer.reconnect_backoff_min (%s)", c.Consumer.ReconnectBackoffMax, c.Consumer.ReconnectBackoffMin)
 	case c.Redis.Enabled && c.Redis.DoneTTL > c.Postgres.Retention:
 		return bad("redis.done_ttl", "%s exceeds postgres.retention (%s); Redis would vouch for events the authoritative table has forgotten",
 			c.Redis.DoneTTL, c.Postgres.Retention)

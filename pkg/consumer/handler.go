@@ -44,8 +44,10 @@ type Handler[T any] interface {
 	// Apply's statements or at COMMIT, is dead-lettered at once too. Any
 	// other error is retried with backoff and dead-lettered after
 	// Config.DeliveryLimit attempts; so is an attempt that outlasts
-	// HandlerTimeout.
-
+	// HandlerTimeout. Apply may run more than once for one event (an
+	// attempt that failed or rolled back is tried again); its effect
+	// commits at most once, because it commits only with the event's dedup
+	// row.
 	Apply(ctx context.Context, tx pgx.Tx, v T) error
 }
 

@@ -60,8 +60,11 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Guard runs handlers at most once per (scope, event ID), with the effect and
-// the dedup row committed together. It is safe for concurrent use.
+// Guard commits an event's effect at most once per (scope, event ID): the
+// effect and the dedup row commit together, in one transaction. The apply
+// function itself may run more than once for an event (a transaction that
+// rolled back, a retry, two consumers racing), but only one of its runs
+// commits. It is safe for concurrent use.
 type Guard struct {
 	scope  string
 	stores []Store // one, or one per shard
