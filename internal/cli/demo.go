@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -125,10 +126,14 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	return nil
 }
 
+// printCounts prints the outcome counts, and the counters and per-reason
+// counts ("count/…", "dead_lettered/…") that are not zero.
 func printCounts(e *env, counts map[string]int64) {
 	keys := make([]string, 0, len(counts))
-	for k := range counts {
-		keys = append(keys, k)
+	for k, v := range counts {
+		if v != 0 || !strings.Contains(k, "/") {
+			keys = append(keys, k)
+		}
 	}
 	sort.Strings(keys)
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
