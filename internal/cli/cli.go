@@ -226,10 +226,11 @@ func runConfig(_ context.Context, e *env, args []string) error {
 		fmt.Fprintf(e.stdout, "%-36s %-38s %s\n", f.Path, f.Env, eff[f.Path])
 	}
 	// The warnings idem consume would log with these settings.
-	for _, w := range cfg.Warnings() {
+	warnings := cfg.Warnings()
+	for _, w := range warnings {
 		fmt.Fprintf(e.stdout, "\nwarning: %s", w)
 	}
-	if len(cfg.Warnings()) > 0 {
+	if len(warnings) > 0 {
 		fmt.Fprintln(e.stdout)
 	}
 	return nil

@@ -131,7 +131,7 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 			return startErr(ctx, err)
 		}
 		// Publishers and consumers must split the stream alike.
-		err = waitPostgres(ctx, startup, what("checking the stream's partition count (partitions)"), log, func(ctx context.Context) (err error) {
+		err = waitPostgres(ctx, startup, what("checking the stream's partition count (partitions)"), log, func(ctx context.Context) error {
 			l, err := stores[i].CheckPartitions(ctx, cfg.Queue, cfg.Partitions)
 			formerPartitions = max(formerPartitions, l.Previous)
 			return err

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -70,10 +71,10 @@ stale publisher strands there (log, idem_stranded_messages, /readyz).`)
 		return err
 	}
 	defer dbs.Close()
-	// The layout in force is the recorded one (the config's, if none is).
-	store := pgtier.New(dbs[0])
-	layout, err := store.CheckPartitions(ctx, cfg.Queue, cfg.Partitions)
-	if err != nil && layout.Partitions == 0 {
+	// The layout in force is the recorded one (the config's, if none is);
+	// a config that differs from it is what a repartition expects.
+	layout, err := pgtier.New(dbs[0]).CheckPartitions(ctx, cfg.Queue, cfg.Partitions)
+	if err != nil && !errors.Is(err, pgtier.ErrWrongPartitions) {
 		return err
 	}
 	if layout.Partitions == *to {

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"time"
 
@@ -46,16 +47,21 @@ func (w *worker[T]) screenStage(ctx context.Context, batches <-chan []amqp.Deliv
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	var carry []item[T]
-	// With KeyOrder: the last batch handed out that holds each key.
+	// With KeyOrder: the last batch handed out that holds each key. A key
+	// whose batch finished is dropped from it once it outgrows what can be
+	// in flight, so that it never holds every key ever seen.
 	holder := map[string]chan struct{}{}
 	order := func(s *screened[T]) {
 		if !w.c.cfg.KeyOrder || s.done {
 			return
 		}
+		if len(holder) > 2*w.c.cfg.Prefetch {
+			maps.DeleteFunc(holder, func(_ string, done chan struct{}) bool { return isClosed(done) })
+		}
 		s.finished = make(chan struct{})
 		for _, it := range s.items {
 			k := it.ev.ShardKey
-			if prev, ok := holder[k]; ok && prev != s.finished && !slices.Contains(s.after, prev) {
+			if prev, ok := holder[k]; ok && prev != s.finished && !isClosed(prev) && !slices.Contains(s.after, prev) {
 				s.after = append(s.after, prev)
 			}
 			holder[k] = s.finished
@@ -93,6 +99,16 @@ func (w *worker[T]) screenStage(ctx context.Context, batches <-chan []amqp.Deliv
 			order(&s)
 			w.pass(s, toDecide, finished)
 		}
+	}
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -163,17 +179,18 @@ func (w *worker[T]) screenShard(ctx context.Context, items []item[T]) (screened[
 	}
 	s := screened[T]{items: items, batch: b, deferred: map[int]bool{}}
 	// Defer by ID, every copy together, and each ID at most once: if any
-	// copy was deferred before, they all go to the store now.
+	// copy was deferred before, they all go to the store now. With
+	// KeyOrder nothing is deferred: a deferred event would be applied
+	// after later ones of its key.
 	byID := map[string][]int{}
-	for _, i := range b.Leased() {
-		byID[items[i].ev.ID] = append(byID[items[i].ev.ID], i)
+	if !w.c.cfg.KeyOrder {
+		for _, i := range b.Leased() {
+			byID[items[i].ev.ID] = append(byID[items[i].ev.ID], i)
+		}
 	}
 	var later []int
 	var deferred []item[T]
 	for _, group := range byID {
-		if w.c.cfg.KeyOrder {
-			break // a deferred event would be applied after later ones of its key
-		}
 		if slices.ContainsFunc(group, func(i int) bool { return items[i].deferred }) {
 			continue
 		}
