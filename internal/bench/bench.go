@@ -167,7 +167,7 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 	b.seq++
 	name := fmt.Sprintf("b%d%04x", b.seq, rand.Uint32()&0xffff)
 	queue := "idem.bench." + name
-	topo := consumer.TopologyFor(queue, consumer.DefaultBrokerDeliveryLimit)
+	topo := consumer.TopologyFor(queue, 0)
 	defer deleteQueue(b.o.AMQPURL, topo)
 
 	schema := name

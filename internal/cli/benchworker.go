@@ -6,15 +6,12 @@ import (
 	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/bench"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/telemetry"
 	"github.com/idemhq/idem/pkg/consumer"
-	"github.com/idemhq/idem/pkg/guard"
-	"github.com/idemhq/idem/pkg/guard/pgtier"
-	"github.com/idemhq/idem/pkg/metrics"
+	"github.com/idemhq/idem/pkg/idem"
 )
 
 func runBenchWorker(ctx context.Context, e *env, args []string) error {
@@ -55,46 +52,39 @@ func runBenchWorker(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	// The same metrics as idem consume, so that their cost is measured.
+	rdb, err := redisClient(cfg)
+	if err != nil {
+		return err
+	}
+	if rdb != nil {
+		rdb.AddHook(rec.RedisHook())
+		defer rdb.Close()
+	}
+	// As idem consume runs, with the same metrics, so that their cost is
+	// measured, and the horizon recorded, so that every claim checks it.
 	reg := telemetry.NewRegistry()
-	m, err := metrics.New(reg)
+	sc := serviceConfig(cfg, shards{pool}, rdb, log)
+	sc.Consumer.ConnectionName = *name
+	sc.Consumer.Observer = recordingObserver{rec}
+	sc.Metrics = reg
+	svc, err := idem.New(sc, payments.Handler{})
 	if err != nil {
-		return err
-	}
-	// The horizon recorded as idem consume records it, so that every claim
-	// checks it, as in production.
-	store := pgtier.New(pool)
-	if _, err := store.EnforceRetention(ctx, cfg.Postgres.Retention, cfg.Consumer.ClockSkew); err != nil {
-		return err
-	}
-	g, closeGuard, err := buildGuard(ctx, cfg, log, []guard.Store{store}, m, nil, func(rdb redis.UniversalClient) { rdb.AddHook(rec.RedisHook()) })
-	if err != nil {
-		return err
-	}
-	defer closeGuard()
-	ccfg := consumerConfig(cfg, *name, log, recordingObserver{m, rec}, nil)
-	c, err := consumer.New(ccfg, g, payments.Handler{})
-	if err != nil {
-		return err
-	}
-	if err := m.WatchConsumer(c.Stats); err != nil {
 		return err
 	}
 	return bench.Serve(ctx, *statsFile, rec, os.Stdin, e.stdout, func(ctx context.Context) error {
-		err := c.Run(ctx)
+		err := svc.Run(ctx)
 		snap, serr := telemetry.Snapshot(reg)
 		rec.AddBreaker(snap)
 		return errors.Join(err, serr)
 	})
 }
 
-// recordingObserver feeds both the metrics and the bench's recorder.
-type recordingObserver struct {
-	*metrics.Metrics
-	rec *bench.Recorder
-}
+// recordingObserver feeds the bench's recorder; the service's metrics see
+// every settlement too.
+type recordingObserver struct{ rec *bench.Recorder }
 
-func (o recordingObserver) Settled(ctx context.Context, s consumer.Settlement) {
-	o.Metrics.Settled(ctx, s)
+func (o recordingObserver) Settled(_ context.Context, s consumer.Settlement) {
 	o.rec.Settled(s.Message.Headers, s.Outcome)
 }
+func (recordingObserver) Count(string, int) {}
+func (recordingObserver) Gathered(int)      {}

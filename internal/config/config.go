@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/pkg/guard/redistier"
 )
 
 // Defaults. The connection URLs point at the local services.
@@ -18,7 +19,6 @@ const (
 	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	DefaultQueue       = "payments.events"
 	DefaultScope       = "payments"
-	DefaultRetention   = 30 * 24 * time.Hour
 )
 
 // Config is everything `idem consume` and its siblings read. Each field's yaml
@@ -75,7 +75,7 @@ type Consumer struct {
 	// per process. Defaults to 2.
 	Workers int `yaml:"workers"`
 	// BatchSize is the most deliveries handled in one transaction; 1
-	// handles each on its own. Capped at prefetch. Defaults to 256.
+	// handles each on its own. At most prefetch. Defaults to 256.
 	BatchSize int `yaml:"batch_size"`
 	// BatchLinger is how long a batch that is not full waits for more
 	// deliveries while no other batch is in flight (three times as long
@@ -103,13 +103,13 @@ type Consumer struct {
 	// RetryBackoffMax caps retry delays. Defaults to 10s.
 	RetryBackoffMax time.Duration `yaml:"retry_backoff_max"`
 	// ReconnectBackoffMin is the first delay before reconnecting to
-	// RabbitMQ (jittered, doubling). Defaults to consumer.DefaultReconnectBackoff.Min.
+	// RabbitMQ (jittered, doubling). Defaults to 100ms.
 	ReconnectBackoffMin time.Duration `yaml:"reconnect_backoff_min"`
 	// ReconnectBackoffMax caps reconnection delays. Defaults to
-	// consumer.DefaultReconnectBackoff.Max.
+	// 10s.
 	ReconnectBackoffMax time.Duration `yaml:"reconnect_backoff_max"`
 	// ConfirmTimeout bounds the wait for the broker's confirm of a dead
-	// letter. Defaults to consumer.DefaultConfirmTimeout.
+	// letter. Defaults to 10s.
 	ConfirmTimeout time.Duration `yaml:"confirm_timeout"`
 	// StoreHold bounds how long a delivery is retried in place while
 	// Postgres is unreachable before it goes back to the queue. Keep it
@@ -187,8 +187,13 @@ type Postgres struct {
 	PruneInterval time.Duration `yaml:"prune_interval"`
 }
 
-// Default returns the configuration with every default filled in.
+// Default returns the configuration with every default filled in: the
+// tuning defaults are the packages' own (consumer.Config.WithDefaults,
+// redistier.Config.WithDefaults), so a setting left out of the file runs
+// exactly as a library user's would.
 func Default() Config {
+	c := consumer.Config{}.WithDefaults()
+	r := redistier.Config{}.WithDefaults()
 	return Config{
 		AMQPURL:     DefaultAMQPURL,
 		RedisURL:    DefaultRedisURL,
@@ -199,37 +204,81 @@ func Default() Config {
 		LogLevel:    "info",
 		LogFormat:   "text",
 		Consumer: Consumer{
-			Prefetch:            1024,
-			Workers:             2,
-			BatchSize:           256,
-			BatchLinger:         5 * time.Millisecond,
-			DeliveryLimit:       5,
-			BrokerDeliveryLimit: 20,
-			HandlerTimeout:      10 * time.Second,
-			DrainTimeout:        30 * time.Second,
-			RetryBackoffMin:     200 * time.Millisecond,
-			RetryBackoffMax:     10 * time.Second,
-			ReconnectBackoffMin: consumer.DefaultReconnectBackoff.Min,
-			ReconnectBackoffMax: consumer.DefaultReconnectBackoff.Max,
-			ConfirmTimeout:      consumer.DefaultConfirmTimeout,
-			StoreHold:           time.Minute,
-			ClockSkew:           5 * time.Minute,
-			Untimed:             string(consumer.UntimedAuto),
-			StartupTimeout:      2 * time.Minute,
+			Prefetch:            c.Prefetch,
+			Workers:             c.Workers,
+			BatchSize:           c.BatchSize,
+			BatchLinger:         c.BatchLinger,
+			KeyOrder:            c.KeyOrder,
+			DeliveryLimit:       c.DeliveryLimit,
+			BrokerDeliveryLimit: c.BrokerDeliveryLimit,
+			HandlerTimeout:      c.HandlerTimeout,
+			DrainTimeout:        c.DrainTimeout,
+			RetryBackoffMin:     c.RetryBackoff.Min,
+			RetryBackoffMax:     c.RetryBackoff.Max,
+			ReconnectBackoffMin: c.ReconnectBackoff.Min,
+			ReconnectBackoffMax: c.ReconnectBackoff.Max,
+			ConfirmTimeout:      c.ConfirmTimeout,
+			StoreHold:           c.StoreHold,
+			ClockSkew:           c.ClockSkew,
+			Untimed:             string(c.Untimed),
+			StartupTimeout:      c.StartupTimeout,
 		},
 		Redis: Redis{
 			Enabled:                 true,
 			Mode:                    "single",
-			Prefix:                  "idem",
-			Lease:                   30 * time.Second,
-			DoneTTL:                 24 * time.Hour,
-			Timeout:                 50 * time.Millisecond,
-			BreakerFailures:         5,
-			BreakerMinOutage:        250 * time.Millisecond,
-			BreakerOpenTimeout:      5 * time.Second,
-			BreakerHalfOpenRequests: 1,
+			Prefix:                  r.Prefix,
+			Lease:                   r.Lease,
+			DoneTTL:                 r.DoneTTL,
+			Timeout:                 r.Timeout,
+			BreakerFailures:         r.Breaker.FailureThreshold,
+			BreakerMinOutage:        r.Breaker.MinOutage,
+			BreakerOpenTimeout:      r.Breaker.OpenTimeout,
+			BreakerHalfOpenRequests: r.Breaker.HalfOpenRequests,
 		},
-		Postgres: Postgres{Retention: DefaultRetention},
+		Postgres: Postgres{Retention: c.Retention},
+	}
+}
+
+// ConsumerConfig is the consumer's part of c: the one mapping from the
+// file's settings to the library's, which Default inverts.
+func (c Config) ConsumerConfig() consumer.Config {
+	return consumer.Config{
+		URL:                 c.AMQPURL,
+		Queue:               c.Queue,
+		Partitions:          c.Partitions,
+		Prefetch:            c.Consumer.Prefetch,
+		Workers:             c.Consumer.Workers,
+		BatchSize:           c.Consumer.BatchSize,
+		BatchLinger:         c.Consumer.BatchLinger,
+		KeyOrder:            c.Consumer.KeyOrder,
+		DeliveryLimit:       c.Consumer.DeliveryLimit,
+		BrokerDeliveryLimit: c.Consumer.BrokerDeliveryLimit,
+		HandlerTimeout:      c.Consumer.HandlerTimeout,
+		Retention:           c.Postgres.Retention,
+		ClockSkew:           c.Consumer.ClockSkew,
+		Untimed:             consumer.UntimedPolicy(c.Consumer.Untimed),
+		StoreHold:           c.Consumer.StoreHold,
+		StartupTimeout:      c.Consumer.StartupTimeout,
+		RetryBackoff:        consumer.Backoff{Min: c.Consumer.RetryBackoffMin, Max: c.Consumer.RetryBackoffMax},
+		ReconnectBackoff:    consumer.Backoff{Min: c.Consumer.ReconnectBackoffMin, Max: c.Consumer.ReconnectBackoffMax},
+		DrainTimeout:        c.Consumer.DrainTimeout,
+		ConfirmTimeout:      c.Consumer.ConfirmTimeout,
+	}
+}
+
+// FastConfig is the fast tier's part of c.
+func (c Config) FastConfig() redistier.Config {
+	return redistier.Config{
+		Prefix:  c.Redis.Prefix,
+		Lease:   c.Redis.Lease,
+		DoneTTL: c.Redis.DoneTTL,
+		Timeout: c.Redis.Timeout,
+		Breaker: redistier.BreakerConfig{
+			FailureThreshold: c.Redis.BreakerFailures,
+			MinOutage:        c.Redis.BreakerMinOutage,
+			OpenTimeout:      c.Redis.BreakerOpenTimeout,
+			HalfOpenRequests: c.Redis.BreakerHalfOpenRequests,
+		},
 	}
 }
 

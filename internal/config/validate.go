@@ -128,6 +128,8 @@ func (c Config) Validate() error {
 	case c.Consumer.BrokerDeliveryLimit < c.Consumer.DeliveryLimit:
 		return bad("consumer.broker_delivery_limit", "%d is below consumer.delivery_limit (%d); the broker would dead-letter retries the consumer still wants",
 			c.Consumer.BrokerDeliveryLimit, c.Consumer.DeliveryLimit)
+	case c.Consumer.BatchSize > c.Consumer.Prefetch:
+		return bad("consumer.batch_size", "%d exceeds consumer.prefetch (%d); a batch is gathered from the unacked deliveries", c.Consumer.BatchSize, c.Consumer.Prefetch)
 	case c.Consumer.RetryBackoffMax < c.Consumer.RetryBackoffMin:
 		return bad("consumer.retry_backoff_max", "%s is below consumer.retry_backoff_min (%s)", c.Consumer.RetryBackoffMax, c.Consumer.RetryBackoffMin)
 	case c.Consumer.ReconnectBackoffMax < c.Consumer.ReconnectBackoffMin:

@@ -3,8 +3,8 @@
 // guard's flow rather than goroutine exits.
 //
 // It is armed by two environment variables read once at start:
-// IDEM_CRASH_AT names the step (a guard.Step such as after_commit, or
-// before_ack), and IDEM_CRASH_AFTER is how many times the step must be
+// IDEM_CRASH_AT names the step (a step such as after_commit, or
+// before_ack, from package step), and IDEM_CRASH_AFTER is how many times the step must be
 // passed before the kill (default 1: the first time).
 package crashpoint
 
@@ -17,8 +17,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"github.com/idemhq/idem/pkg/consumer"
-	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/internal/step"
 )
 
 // Marker starts the line printed to stderr right before the kill; the
@@ -32,23 +31,18 @@ const (
 )
 
 // Steps lists every step a crash can be armed at, in flow order.
-var Steps = []guard.Step{
-	guard.StepFastClaimed, guard.StepStoreClaimed, guard.StepApplied,
-	guard.StepCommitted, guard.StepMarkedDone, consumer.StepBeforeAck,
-}
+var Steps = step.All
 
-// Hook returns a guard/consumer hook that SIGKILLs the process at the armed
-// step, or nil when nothing is armed.
-func Hook(getenv func(string) string) (func(context.Context, guard.Step), error) {
-	known := make([]string, len(Steps))
-	for i, s := range Steps {
-		known[i] = string(s)
-	}
-	crash, err := Arm(getenv, known, nil)
+// Install arms the guard's and the consumer's steps (package step) from
+// the environment: the process SIGKILLs itself at the armed one. Nothing
+// is installed when nothing is armed.
+func Install(getenv func(string) string) error {
+	crash, err := Arm(getenv, Steps, nil)
 	if crash == nil || err != nil {
-		return nil, err
+		return err
 	}
-	return func(_ context.Context, step guard.Step) { crash(string(step)) }, nil
+	step.SetHook(func(_ context.Context, s string) { crash(s) })
+	return nil
 }
 
 // Arm reads IDEM_CRASH_AT and IDEM_CRASH_AFTER and returns a func that

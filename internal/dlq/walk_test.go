@@ -24,7 +24,7 @@ type rig struct {
 func newRig(t *testing.T) *rig {
 	t.Helper()
 	url := testenv.AMQPURL()
-	topo := consumer.TopologyFor(testenv.Queue(t, url), consumer.DefaultBrokerDeliveryLimit)
+	topo := consumer.TopologyFor(testenv.Queue(t, url), 0)
 	t.Cleanup(func() { _ = sandbox.DeleteQueue(url, topo.DeadLetterQueue) })
 	conn, err := amqp.Dial(url)
 	require.NoError(t, err)

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/payments"
+	"github.com/idemhq/idem/internal/step"
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/pgtier"
 	"github.com/idemhq/idem/pkg/guard/redistier"
@@ -193,15 +194,16 @@ func newIdem(d deps) (Approach, error) {
 	if err != nil {
 		return nil, err
 	}
-	hook := func(_ context.Context, s guard.Step) {
+	// One guard per worker process: the process-wide hook is its own.
+	step.SetHook(func(_ context.Context, s string) {
 		switch s {
-		case guard.StepFastClaimed:
+		case step.FastClaimed:
 			d.crash(AfterCheck)
-		case guard.StepCommitted:
+		case step.Committed:
 			d.crash(AfterEffect)
 		}
-	}
-	g, err := guard.New(guard.Config{Scope: "lab", Store: pgtier.New(d.pool), Fast: fast, Hook: hook, Logger: d.log})
+	})
+	g, err := guard.New(guard.Config{Scope: "lab", Store: pgtier.New(d.pool), Fast: fast, Logger: d.log})
 	if err != nil {
 		return nil, err
 	}

@@ -233,7 +233,7 @@ func (p *passRun) run(ctx context.Context) (Pass, error) {
 	p.inspect = sandbox.NewInspector(p.o.AMQPURL)
 	defer p.inspect.Close()
 	if err := loadgen.Publish(ctx, loadgen.PublishOptions{URL: p.o.AMQPURL, ConnectionName: p.name + "_publish",
-		Topology: consumer.TopologyFor(p.queue, consumer.DefaultBrokerDeliveryLimit)}, p.stream); err != nil {
+		Topology: consumer.TopologyFor(p.queue, 0)}, p.stream); err != nil {
 		return Pass{}, err
 	}
 	m := loadgen.NewManifest(p.spec, p.queue, p.stream)

@@ -41,64 +41,13 @@ func NewRegistry() *prometheus.Registry {
 	return reg
 }
 
-// Check is one readiness condition: nil when it holds.
-type Check struct {
-	Name string
-	// Required checks make /readyz fail; the others are only reported.
-	Required bool
-	Run      func(ctx context.Context) error
-}
-
-// checkTimeout bounds each readiness check.
-const checkTimeout = time.Second
-
-// Handler serves /metrics from g, /healthz (the process answers) and /readyz
-// (every required check passes; each check's state is in the body).
-func Handler(g prometheus.Gatherer, checks []Check) http.Handler {
+// Handler serves /metrics from g and everything else (the probes) from
+// health.
+func Handler(g prometheus.Gatherer, health http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		ready, body := runChecks(r.Context(), checks)
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if !ready {
-			w.WriteHeader(http.StatusServiceUnavailable)
-		}
-		fmt.Fprint(w, body)
-	})
+	mux.Handle("/", health)
 	return mux
-}
-
-// runChecks runs every check at once and reports whether the required ones
-// passed, with one line per check.
-func runChecks(ctx context.Context, checks []Check) (bool, string) {
-	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
-	defer cancel()
-	errs := make([]chan error, len(checks))
-	for i, c := range checks {
-		errs[i] = make(chan error, 1)
-		go func() { errs[i] <- c.Run(ctx) }()
-	}
-	ready := true
-	var b strings.Builder
-	for i, c := range checks {
-		err := <-errs[i]
-		switch {
-		case err == nil:
-			fmt.Fprintf(&b, "%s: ok\n", c.Name)
-		case c.Required:
-			ready = false
-			fmt.Fprintf(&b, "%s: failing: %v\n", c.Name, err)
-		default:
-			fmt.Fprintf(&b, "%s: failing (not required): %v\n", c.Name, err)
-		}
-	}
-	if ready {
-		return true, "ready\n" + b.String()
-	}
-	return false, "not ready\n" + b.String()
 }
 
 // Listen binds addr for Serve, so that a bad or taken address is an error

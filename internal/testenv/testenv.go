@@ -17,15 +17,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemhq/idem/internal/config"
-	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/sandbox"
+	"github.com/idemhq/idem/migrations"
 )
 
 // URLs of the shared services, from the environment or the local defaults.
-func DatabaseURL() string { return getenv("DATABASE_URL", config.DefaultDatabaseURL) }
-func RedisURL() string    { return getenv("REDIS_URL", config.DefaultRedisURL) }
-func AMQPURL() string     { return getenv("AMQP_URL", config.DefaultAMQPURL) }
+func DatabaseURL() string {
+	return getenv("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+}
+func RedisURL() string { return getenv("REDIS_URL", "redis://127.0.0.1:6379/0") }
+func AMQPURL() string  { return getenv("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/") }
 
 func getenv(k, def string) string {
 	if v := os.Getenv(k); v != "" {
@@ -41,19 +42,23 @@ func Name(t testing.TB) string {
 	return "t" + hex.EncodeToString(b[:])
 }
 
-// Schema creates a fresh schema with idem's tables on the shared server and
-// returns a pool and a DATABASE_URL confined to it (search_path), for child
-// processes.
-func Schema(t testing.TB) (*pgxpool.Pool, string) { return SchemaOn(t, DatabaseURL()) }
+// Schema creates a fresh schema with the guard's tables and those of sets on
+// the shared server and returns a pool and a DATABASE_URL confined to it
+// (search_path), for child processes.
+func Schema(t testing.TB, sets ...migrations.Set) (*pgxpool.Pool, string) {
+	return SchemaOn(t, DatabaseURL(), sets...)
+}
 
 // SchemaOn is Schema on the server at dbURL.
-func SchemaOn(t testing.TB, dbURL string) (*pgxpool.Pool, string) {
+func SchemaOn(t testing.TB, dbURL string, sets ...migrations.Set) (*pgxpool.Pool, string) {
 	t.Helper()
 	pool, u := emptySchemaOn(t, dbURL)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := payments.Migrate(ctx, pool); err != nil {
-		t.Fatalf("testenv: migrate: %v", err)
+	for _, set := range append([]migrations.Set{migrations.Guard}, sets...) {
+		if _, err := migrations.ApplySet(ctx, pool, set); err != nil {
+			t.Fatalf("testenv: migrate %s: %v", set.Ledger, err)
+		}
 	}
 	return pool, u
 }

@@ -1,32 +1,30 @@
 package consumer
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/idemhq/idem/pkg/guard"
 )
 
-// Defaults for Config.
+// Defaults for Config, which WithDefaults fills in.
 const (
-	DefaultConnectionName      = "idem-consumer"
-	DefaultPrefetch            = 1024
-	DefaultWorkers             = 2
-	DefaultBatchSize           = 256
-	DefaultBatchLinger         = 5 * time.Millisecond
-	DefaultDeliveryLimit       = 5
-	DefaultBrokerDeliveryLimit = 20
-	DefaultHandlerTimeout      = 10 * time.Second
-	DefaultDrainTimeout        = 30 * time.Second
-	DefaultConfirmTimeout      = 10 * time.Second
-	DefaultStoreHold           = time.Minute
-	DefaultClockSkew           = 5 * time.Minute
-	DefaultStartupTimeout      = 2 * time.Minute
+	defaultConnectionName      = "idem-consumer"
+	defaultPrefetch            = 1024
+	defaultWorkers             = 2
+	defaultBatchSize           = 256
+	defaultBatchLinger         = 5 * time.Millisecond
+	defaultDeliveryLimit       = 5
+	defaultBrokerDeliveryLimit = 20
+	defaultHandlerTimeout      = 10 * time.Second
+	defaultDrainTimeout        = 30 * time.Second
+	defaultConfirmTimeout      = 10 * time.Second
+	defaultStoreHold           = time.Minute
+	defaultClockSkew           = 5 * time.Minute
+	defaultStartupTimeout      = 2 * time.Minute
+	defaultRetention           = 30 * 24 * time.Hour
 )
 
 // UntimedPolicy says what the consumer does with an event that carries no
@@ -47,8 +45,8 @@ const (
 
 // Default backoffs for Config.
 var (
-	DefaultRetryBackoff     = Backoff{Min: 200 * time.Millisecond, Max: 10 * time.Second}
-	DefaultReconnectBackoff = Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second}
+	defaultRetryBackoff     = Backoff{Min: 200 * time.Millisecond, Max: 10 * time.Second}
+	defaultReconnectBackoff = Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second}
 )
 
 // Config configures a Consumer.
@@ -75,25 +73,26 @@ type Config struct {
 	// logs).
 	FormerPartitions int
 	// ConnectionName is the client-provided connection name shown by the
-	// broker. Defaults to DefaultConnectionName.
+	// broker. Defaults to "idem-consumer".
 	ConnectionName string
 	// Prefetch is the most unacked deliveries the broker sends this
-	// process. Defaults to DefaultPrefetch.
+	// process. Defaults to 1024.
 	Prefetch int
 	// Workers is how many batches (with BatchSize 1, deliveries) this
-	// process handles at once. Defaults to DefaultWorkers.
+	// process handles at once. Defaults to 2.
 	Workers int
 	// BatchSize is the most deliveries handled in one transaction: one
 	// Redis pipeline claims them, one transaction claims their dedup rows
 	// and applies them (see BatchHandler), and their acks go in as few
 	// frames as is safe. 1 handles each delivery on its own. A batch never
-	// holds more than Prefetch deliveries. Defaults to DefaultBatchSize.
+	// holds more than Prefetch deliveries, and a BatchSize above Prefetch is
+	// an error. Defaults to 256, or Prefetch if lower.
 	BatchSize int
 	// BatchLinger is how long a batch that is not full waits for more
 	// deliveries before it goes while no other batch is in flight; while
 	// one is, it waits up to three times as long, so that a free worker
 	// takes a fuller batch. A batch goes at once when it fills. It bounds
-	// the latency batching adds. Defaults to DefaultBatchLinger.
+	// the latency batching adds. Defaults to 5ms.
 	BatchLinger time.Duration
 	// KeyOrder applies the events of one key (guard.Event.ShardKey; every
 	// event shares the empty key) in the order this consumer received them:
@@ -108,23 +107,24 @@ type Config struct {
 	KeyOrder bool
 	// DeliveryLimit is how many deliveries a failing handler gets before
 	// the message is dead-lettered as ReasonHandlerFailed. Defaults to
-	// DefaultDeliveryLimit.
+	// 5.
 	DeliveryLimit int
 	// BrokerDeliveryLimit is the queue's x-delivery-limit (see Topology).
-	// At least DeliveryLimit. Defaults to DefaultBrokerDeliveryLimit.
+	// At least DeliveryLimit. Defaults to 20 (or DeliveryLimit, if higher).
 	BrokerDeliveryLimit int
 	// HandlerTimeout bounds one attempt: claim, apply and commit.
-	// Defaults to DefaultHandlerTimeout.
+	// Defaults to 10s.
 	HandlerTimeout time.Duration
-	// Retention, if positive, refuses (dead-letters as ReasonBeyondRetention)
-	// an event whose time is that old or older when it is decoded, before
-	// it costs a claim: its dedup row may have been pruned. The event's time
+	// Retention is how long dedup rows are kept. The consumer refuses
+	// (dead-letters as beyond_retention) an event whose time is that old or
+	// older when it is decoded, before it costs a claim: its dedup row may
+	// have been pruned. The event's time
 	// is guard.Event.Time from Decode (the producer's payload), else the
 	// AMQP timestamp; never this consumer's clock or a header. Set it to the
 	// store's retention. The store checks the horizon again, by the values
 	// it records, when it claims the row (see pgtier.Store.Claim); that
 	// check, not this one, is what keeps a held or replayed event from
-	// being applied twice. Zero turns this early check off.
+	// being applied twice. Defaults to 720h (30 days).
 	Retention time.Duration
 	// NotBefore, if set, refuses events older than it as
 	// ReasonBeyondRetention too: rows before it were pruned (see
@@ -134,7 +134,7 @@ type Config struct {
 	// is refused as ReasonFutureTimestamp (a future time would keep a
 	// replay inside the horizon forever), in the early check. Pass the same
 	// value to pgtier.Store.EnforceRetention: the store enforces the one it
-	// records. Defaults to DefaultClockSkew.
+	// records. Defaults to 5m.
 	ClockSkew time.Duration
 	// Untimed is what happens to an event with no time. Defaults to
 	// UntimedAuto.
@@ -142,26 +142,24 @@ type Config struct {
 	// StoreHold bounds how long a delivery is held and retried in place
 	// while Postgres is unreachable; after it the delivery goes back to the
 	// queue (RequeueStoreUnavailable). Keep it well under RabbitMQ's
-	// consumer_timeout. Defaults to DefaultStoreHold.
+	// consumer_timeout. Defaults to 1m.
 	StoreHold time.Duration
 	// RetryBackoff spaces a failing handler's attempts, and in-place retries
-	// while Postgres is unreachable. Defaults to DefaultRetryBackoff.
+	// while Postgres is unreachable. Defaults to 200ms to 10s.
 	RetryBackoff Backoff
 	// ReconnectBackoff spaces reconnection attempts to RabbitMQ.
-	// Defaults to DefaultReconnectBackoff.
+	// Defaults to 100ms to 10s.
 	ReconnectBackoff Backoff
 	// DrainTimeout is how long in-flight work may run after shutdown
-	// begins before it is rolled back. Defaults to DefaultDrainTimeout.
+	// begins before it is rolled back. Defaults to 30s.
 	DrainTimeout time.Duration
 	// StartupTimeout bounds how long Run retries before its first session
 	// consumes; after it Run returns the last error. Later outages are
-	// retried for as long as they last. Defaults to DefaultStartupTimeout.
+	// retried for as long as they last. Defaults to 2m.
 	StartupTimeout time.Duration
 	// ConfirmTimeout bounds the wait for a dead-letter publisher confirm.
-	// Defaults to DefaultConfirmTimeout.
+	// Defaults to 10s.
 	ConfirmTimeout time.Duration
-	// Hook, if set, is called at each Step. For tests and tracing.
-	Hook func(ctx context.Context, step guard.Step)
 	// Observer, if set, sees each delivery's end, the Counter* events and
 	// the batches gathered. For metrics and tracing.
 	Observer Observer
@@ -169,66 +167,67 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// StepBeforeAck is the consumer's crash point between a durable outcome and the ack.
-const StepBeforeAck guard.Step = "before_ack"
+// WithDefaults returns c with every unset field at its default: the values a
+// Consumer runs with, and the ones idem's own configuration starts from.
+func (c Config) WithDefaults() Config {
+	c.setDefaults()
+	return c
+}
 
 func (c *Config) setDefaults() {
 	if c.ConnectionName == "" {
-		c.ConnectionName = DefaultConnectionName
+		c.ConnectionName = defaultConnectionName
 	}
 	if c.Prefetch == 0 {
-		c.Prefetch = DefaultPrefetch
+		c.Prefetch = defaultPrefetch
 	}
 	if c.Workers == 0 {
-		c.Workers = DefaultWorkers
+		c.Workers = defaultWorkers
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.BatchSize > c.Prefetch && c.Prefetch > 0 {
-		c.BatchSize = c.Prefetch
+		c.BatchSize = min(defaultBatchSize, c.Prefetch)
 	}
 	if c.BatchLinger == 0 {
-		c.BatchLinger = DefaultBatchLinger
+		c.BatchLinger = defaultBatchLinger
 	}
 	if c.DeliveryLimit == 0 {
-		c.DeliveryLimit = DefaultDeliveryLimit
+		c.DeliveryLimit = 5
 	}
 	if c.BrokerDeliveryLimit == 0 {
-		c.BrokerDeliveryLimit = max(DefaultBrokerDeliveryLimit, c.DeliveryLimit)
+		c.BrokerDeliveryLimit = max(defaultBrokerDeliveryLimit, c.DeliveryLimit)
 	}
 	if c.HandlerTimeout == 0 {
-		c.HandlerTimeout = DefaultHandlerTimeout
+		c.HandlerTimeout = defaultHandlerTimeout
 	}
 	if c.RetryBackoff == (Backoff{}) {
-		c.RetryBackoff = DefaultRetryBackoff
+		c.RetryBackoff = defaultRetryBackoff
 	}
 	if c.ReconnectBackoff == (Backoff{}) {
-		c.ReconnectBackoff = DefaultReconnectBackoff
+		c.ReconnectBackoff = defaultReconnectBackoff
 	}
 	if c.DrainTimeout == 0 {
-		c.DrainTimeout = DefaultDrainTimeout
+		c.DrainTimeout = defaultDrainTimeout
 	}
 	if c.ConfirmTimeout == 0 {
-		c.ConfirmTimeout = DefaultConfirmTimeout
+		c.ConfirmTimeout = defaultConfirmTimeout
 	}
 	if c.StartupTimeout == 0 {
-		c.StartupTimeout = DefaultStartupTimeout
+		c.StartupTimeout = defaultStartupTimeout
 	}
 	if c.StoreHold == 0 {
-		c.StoreHold = DefaultStoreHold
+		c.StoreHold = defaultStoreHold
+	}
+	if c.Retention == 0 {
+		c.Retention = defaultRetention
 	}
 	if c.ClockSkew == 0 {
-		c.ClockSkew = DefaultClockSkew
+		c.ClockSkew = defaultClockSkew
 	}
 	if c.Untimed == "" {
 		c.Untimed = UntimedAuto
 	}
 	if c.Observer == nil {
 		c.Observer = nopObserver{}
-	}
-	if c.Hook == nil {
-		c.Hook = func(context.Context, guard.Step) {}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -264,6 +263,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("consumer: Workers must be at least 1, got %d", c.Workers)
 	case c.BatchSize < 1:
 		return fmt.Errorf("consumer: BatchSize must be at least 1, got %d", c.BatchSize)
+	case c.BatchSize > c.Prefetch:
+		return fmt.Errorf("consumer: BatchSize (%d) must not exceed Prefetch (%d): a batch is gathered from the unacked deliveries", c.BatchSize, c.Prefetch)
 	case c.BatchLinger < 0:
 		return fmt.Errorf("consumer: BatchLinger must not be negative, got %s", c.BatchLinger)
 	case c.DeliveryLimit < 1:
@@ -273,7 +274,7 @@ func (c *Config) validate() error {
 	case c.HandlerTimeout <= 0:
 		return fmt.Errorf("consumer: HandlerTimeout must be positive, got %s", c.HandlerTimeout)
 	case c.Retention < 0:
-		return fmt.Errorf("consumer: Retention must not be negative, got %s", c.Retention)
+		return fmt.Errorf("consumer: Retention must be positive, got %s", c.Retention)
 	case c.DrainTimeout <= 0:
 		return fmt.Errorf("consumer: DrainTimeout must be positive, got %s", c.DrainTimeout)
 	case c.ConfirmTimeout <= 0:

@@ -97,7 +97,7 @@ func TestACancelledPartitionIsConsumedAgain(t *testing.T) {
 	r := startRig(t, h, func(c *consumer.Config) {
 		c.Partitions = 2
 		c.ReconnectBackoff = consumer.Backoff{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}
-		topo = consumer.TopologyFor(c.Queue, consumer.DefaultBrokerDeliveryLimit)
+		topo = consumer.TopologyFor(c.Queue, 0)
 		topo.Partitions = 2
 	})
 	q1 := topo.PartitionQueue(1)

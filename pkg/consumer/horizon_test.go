@@ -29,8 +29,8 @@ func TestCheckTimeEnforcesTheHorizon(t *testing.T) {
 		{"untimed, rejected", Config{Retention: 30 * day, Untimed: UntimedReject}, time.Time{}, ReasonMissingTime, false},
 		{"before the last prune", Config{Retention: 30 * day, NotBefore: now.Add(-10 * day)}, now.Add(-11 * day), ReasonBeyondRetention, false},
 		{"after the last prune", Config{Retention: 30 * day, NotBefore: now.Add(-10 * day)}, now.Add(-9 * day), "", false},
-		{"retention off", Config{}, now.Add(-365 * day), "", false},
-		{"retention off, untimed rejected", Config{Untimed: UntimedReject}, time.Time{}, ReasonMissingTime, false},
+		{"retention by default", Config{}, now.Add(-31 * day), ReasonBeyondRetention, false},
+		{"inside the default retention", Config{}, now.Add(-29 * day), "", false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -78,7 +78,7 @@ func startRig[T any](t *testing.T, h consumer.Handler[T], tune func(*consumer.Co
 // startRigWith is startRig with a fast tier in front of the store.
 func startRigWith[T any](t *testing.T, h consumer.Handler[T], fast guard.FastPath, tune func(*consumer.Config)) *rig {
 	t.Helper()
-	pool, _ := testenv.Schema(t)
+	pool, _ := testenv.Schema(t, testenv.Effects)
 	url := testenv.AMQPURL()
 	r := &rig{t: t, pool: pool, queue: testenv.Queue(t, url), stats: map[string]*atomic.Int64{}}
 	for _, o := range guard.Outcomes() {
@@ -225,7 +225,7 @@ func (batchHandler) ApplyBatch(ctx context.Context, tx pgx.Tx, vs [][]byte) erro
 		}
 		bodies[i] = string(v)
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO payments_ledger (event_id, user_id, amount) SELECT b, 'u', 1 FROM unnest($1::text[]) AS t(b)`, bodies)
+	_, err := tx.Exec(ctx, `INSERT INTO ledger (event_id, user_id, amount) SELECT b, 'u', 1 FROM unnest($1::text[]) AS t(b)`, bodies)
 	return err
 }
 
@@ -248,7 +248,7 @@ func TestOneBadEventNeverSinksItsBatch(t *testing.T) {
 	require.Equal(t, consumer.ReasonHandlerFailed, d.Headers[consumer.HeaderReason])
 	require.Eventually(t, func() bool { return r.stats["processed"].Load() == 15 }, 30*time.Second, 10*time.Millisecond)
 	var rows, distinct int
-	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT event_id) FROM payments_ledger`).Scan(&rows, &distinct))
+	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT event_id) FROM ledger`).Scan(&rows, &distinct))
 	require.Equal(t, 15, rows)
 	require.Equal(t, 15, distinct)
 	require.Positive(t, r.stats[consumer.CounterBatchSplit].Load())
@@ -289,7 +289,7 @@ func TestLeasedEventsAreDeferredNeitherDroppedNorDoubled(t *testing.T) {
 	require.Equal(t, int64(10), r.stats["duplicate_batch"].Load()+r.stats["duplicate_postgres"].Load()+r.stats["duplicate_redis"].Load())
 	require.Zero(t, r.stats["retry"].Load())
 	var rows, distinct int
-	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT event_id) FROM payments_ledger`).Scan(&rows, &distinct))
+	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT event_id) FROM ledger`).Scan(&rows, &distinct))
 	require.Equal(t, 30, rows)
 	require.Equal(t, 30, distinct)
 	require.Positive(t, r.stats[consumer.CounterDeferred].Load())

@@ -37,8 +37,12 @@ type Topology struct {
 	BrokerDeliveryLimit int
 }
 
-// TopologyFor names the dead-letter exchange and queue after queue.
+// TopologyFor names the dead-letter exchange and queue after queue. A zero
+// brokerDeliveryLimit is Config's default.
 func TopologyFor(queue string, brokerDeliveryLimit int) Topology {
+	if brokerDeliveryLimit == 0 {
+		brokerDeliveryLimit = defaultBrokerDeliveryLimit
+	}
 	return Topology{
 		Queue:               queue,
 		DeadLetterExchange:  queue + ".dlx",

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemhq/idem/internal/step"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -195,7 +196,7 @@ func MessageOf(d amqp.Delivery) Message {
 func (w *worker[T]) ack(ctx context.Context, items []item[T], outcomes []guard.Outcome) {
 	tags := make([]uint64, len(items))
 	for i, it := range items {
-		w.c.cfg.Hook(ctx, StepBeforeAck)
+		step.Reached(ctx, step.BeforeAck)
 		tags[i] = it.d.DeliveryTag
 	}
 	if err := w.acker.ack(tags); err != nil {
@@ -307,7 +308,7 @@ func (w *worker[T]) sendLetter(ctx context.Context, l letter[T]) {
 		w.requeue(ctx, it, RequeueUnroutable, cause)
 		return
 	}
-	cfg.Hook(ctx, StepBeforeAck)
+	step.Reached(ctx, step.BeforeAck)
 	if err := w.acker.ack([]uint64{it.d.DeliveryTag}); err != nil {
 		cfg.Logger.Warn("ack failed", "event_id", it.ev.ID, "err", err, "outcome", guard.OutcomeDeadLettered.String())
 	}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/internal/step"
 )
 
 // Result is one event's outcome in ProcessBatch.
@@ -150,7 +152,7 @@ func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 		case a.State == FastSkipped && a.Err != nil && k == 0:
 			g.log.DebugContext(ctx, "fast tier skipped", "event_id", events[i].ID, "events", len(uniq), "err", a.Err)
 		}
-		g.hook(ctx, StepFastClaimed)
+		step.Reached(ctx, step.FastClaimed)
 	}
 	for i, ev := range events {
 		a := byIndex[b.first[i]]
@@ -293,7 +295,7 @@ func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, i
 	}
 	slices.Sort(claimed)
 	for range claimed {
-		g.hook(ctx, StepStoreClaimed)
+		step.Reached(ctx, step.StoreClaimed)
 	}
 
 	began = time.Now()
@@ -303,7 +305,7 @@ func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, i
 		return &HandlerError{Err: err}
 	}
 	for range claimed {
-		g.hook(ctx, StepApplied)
+		step.Reached(ctx, step.Applied)
 	}
 
 	began = time.Now()
@@ -314,11 +316,11 @@ func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, i
 	}
 	for _, i := range claimed {
 		res[i] = Result{Outcome: OutcomeProcessed}
-		g.hook(ctx, StepCommitted)
+		step.Reached(ctx, step.Committed)
 	}
 	for _, i := range copies {
 		if res[i].Outcome == OutcomeDuplicateBatch {
-			g.hook(ctx, StepCommitted) // its first copy's row committed
+			step.Reached(ctx, step.Committed) // its first copy's row committed
 		}
 	}
 	return nil

@@ -18,7 +18,7 @@ func payAll(events []guard.Event) guard.BatchApplyFunc {
 		for k, i := range claimed {
 			ids[k] = events[i].ID
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO payments_ledger (event_id, user_id, amount) SELECT id, 'user_1', 100 FROM unnest($1::text[]) AS t(id)`, ids)
+		_, err := tx.Exec(ctx, `INSERT INTO ledger (event_id, user_id, amount) SELECT id, 'user_1', 100 FROM unnest($1::text[]) AS t(id)`, ids)
 		return err
 	}
 }

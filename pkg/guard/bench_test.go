@@ -19,7 +19,7 @@ import (
 //
 //	go test -run '^$' -bench Process -count 5 ./pkg/guard/ | benchstat -
 func BenchmarkProcess(b *testing.B) {
-	pool, _ := testenv.Schema(b)
+	pool, _ := testenv.Schema(b, testenv.Effects)
 	rdb, prefix := testenv.Redis(b)
 	fast, err := redistier.New(rdb, redistier.Config{Prefix: prefix})
 	require.NoError(b, err)

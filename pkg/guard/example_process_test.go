@@ -38,7 +38,7 @@ func ExampleGuard_Process() {
 	ev := guard.Event{ID: "evt_12345", Hash: guard.HashFields("evt_12345", "user_42", "1000")}
 	outcome, err := g.Process(ctx, ev, func(ctx context.Context, tx pgx.Tx) error {
 		// Every write goes through tx, which also holds the dedup row.
-		_, err := tx.Exec(ctx, `UPDATE account_balances SET balance = balance + 1000 WHERE user_id = 'user_42'`)
+		_, err := tx.Exec(ctx, `UPDATE balances SET balance = balance + 1000 WHERE user_id = 'user_42'`)
 		return err
 	})
 	switch {
@@ -83,7 +83,7 @@ func ExampleGuard_ProcessBatch() {
 		}
 		// Sum per user first: an UPDATE … FROM applies one matching row per
 		// target row, so two payments of one user would count once.
-		_, err := tx.Exec(ctx, `UPDATE account_balances AS b SET balance = b.balance + t.total
+		_, err := tx.Exec(ctx, `UPDATE balances AS b SET balance = b.balance + t.total
 			FROM (SELECT user_id, sum(amount)::bigint AS total FROM unnest($1::text[], $2::bigint[]) AS u(user_id, amount)
 			      GROUP BY user_id) AS t
 			WHERE b.user_id = t.user_id`, users, amounts)

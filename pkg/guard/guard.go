@@ -13,18 +13,6 @@ import (
 	"github.com/idemhq/idem/pkg/partition"
 )
 
-// Step names a point in Process, between two steps of the flow. Hooks see each
-// step as it completes; the crash tests kill the process there.
-type Step string
-
-const (
-	StepFastClaimed  Step = "after_fast_claim"  // Redis SET NX answered (or was skipped)
-	StepStoreClaimed Step = "after_store_claim" // dedup row inserted, tx open
-	StepApplied      Step = "after_apply"       // handler returned, tx open
-	StepCommitted    Step = "after_commit"      // dedup row and effect committed
-	StepMarkedDone   Step = "after_mark_done"   // Redis done marker written (or failed)
-)
-
 // cleanupTimeout bounds rollbacks and lease releases, which run even when the
 // caller's context has ended.
 const cleanupTimeout = 2 * time.Second
@@ -51,8 +39,6 @@ type Config struct {
 	Shards []Store
 	// Fast is the optional fast tier. Nil means every event goes to Store.
 	Fast FastPath
-	// Hook, if set, is called after each Step. For tests and tracing.
-	Hook func(ctx context.Context, step Step)
 	// Observer, if set, sees how long each Stage took and how it ended.
 	Observer Observer
 	// Logger receives fast-tier faults at debug level. Defaults to a
@@ -69,7 +55,6 @@ type Guard struct {
 	scope  string
 	stores []Store // one, or one per shard
 	fast   FastPath
-	hook   func(context.Context, Step)
 	obs    Observer
 	log    *slog.Logger
 
@@ -92,11 +77,8 @@ func New(cfg Config) (*Guard, error) {
 	case slices.Contains(cfg.Shards, nil):
 		return nil, errors.New("guard: Shards holds a nil Store")
 	}
-	g := &Guard{scope: cfg.Scope, stores: stores, fast: cfg.Fast, hook: cfg.Hook, obs: cfg.Observer, log: cfg.Logger}
+	g := &Guard{scope: cfg.Scope, stores: stores, fast: cfg.Fast, obs: cfg.Observer, log: cfg.Logger}
 	g.markers = &markerWriter{g: g}
-	if g.hook == nil {
-		g.hook = func(context.Context, Step) {}
-	}
 	if g.obs == nil {
 		g.obs = nopObserver{}
 	}

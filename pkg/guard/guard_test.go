@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/step"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/pgtier"
@@ -24,14 +25,14 @@ type fixture struct {
 	redis *miniredis.Miniredis
 	fast  *redistier.Filter
 	guard *guard.Guard
-	steps []guard.Step
+	steps []string
 	mu    sync.Mutex
 }
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	f := &fixture{}
-	f.pool, _ = testenv.Schema(t)
+	f.pool, _ = testenv.Schema(t, testenv.Effects)
 	f.redis = miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: f.redis.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
@@ -42,11 +43,6 @@ func newFixture(t *testing.T) *fixture {
 		Scope: "payments",
 		Store: pgtier.New(f.pool),
 		Fast:  f.fast,
-		Hook: func(_ context.Context, s guard.Step) {
-			f.mu.Lock()
-			f.steps = append(f.steps, s)
-			f.mu.Unlock()
-		},
 	})
 	require.NoError(t, err)
 	return f
@@ -59,7 +55,7 @@ func event(id string, amount int) guard.Event {
 // pay is a non-idempotent effect: every call appends a ledger row.
 func pay(id string) guard.ApplyFunc {
 	return func(ctx context.Context, tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `INSERT INTO payments_ledger (event_id, user_id, amount) VALUES ($1, 'user_1', 100)`, id)
+		_, err := tx.Exec(ctx, `INSERT INTO ledger (event_id, user_id, amount) VALUES ($1, 'user_1', 100)`, id)
 		return err
 	}
 }
@@ -67,13 +63,18 @@ func pay(id string) guard.ApplyFunc {
 func (f *fixture) ledgerRows(t *testing.T, id string) int {
 	t.Helper()
 	var n int
-	require.NoError(t, f.pool.QueryRow(context.Background(), `SELECT count(*) FROM payments_ledger WHERE event_id = $1`, id).Scan(&n))
+	require.NoError(t, f.pool.QueryRow(context.Background(), `SELECT count(*) FROM ledger WHERE event_id = $1`, id).Scan(&n))
 	return n
 }
 
 func (f *fixture) process(t *testing.T, ev guard.Event) guard.Outcome {
 	t.Helper()
-	o, err := f.guard.Process(context.Background(), ev, pay(ev.ID))
+	ctx := step.WithHook(context.Background(), func(_ context.Context, s string) {
+		f.mu.Lock()
+		f.steps = append(f.steps, s)
+		f.mu.Unlock()
+	})
+	o, err := f.guard.Process(ctx, ev, pay(ev.ID))
 	require.NoError(t, err)
 	// Done markers are written after the commit, off the caller's path.
 	require.NoError(t, f.guard.Flush(context.Background()))
@@ -85,7 +86,7 @@ func TestProcessThenDuplicateCaughtByRedis(t *testing.T) {
 	f := newFixture(t)
 	ev := event("evt_1", 1)
 	require.Equal(t, guard.OutcomeProcessed, f.process(t, ev))
-	require.Equal(t, []guard.Step{guard.StepFastClaimed, guard.StepStoreClaimed, guard.StepApplied, guard.StepCommitted, guard.StepMarkedDone}, f.steps)
+	require.Equal(t, []string{step.FastClaimed, step.StoreClaimed, step.Applied, step.Committed}, f.steps)
 	require.Equal(t, guard.OutcomeDuplicateRedis, f.process(t, ev))
 	require.Equal(t, 1, f.ledgerRows(t, ev.ID))
 }
@@ -203,7 +204,7 @@ func TestConcurrentDeliveriesApplyOnce(t *testing.T) {
 
 func TestWithoutFastTierPostgresAloneGuards(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.Schema(t)
+	pool, _ := testenv.Schema(t, testenv.Effects)
 	g, err := guard.New(guard.Config{Scope: "payments", Store: pgtier.New(pool)})
 	require.NoError(t, err)
 	ev := event("evt_1", 1)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/idemhq/idem/internal/step"
 )
 
 // maxPendingMarkers bounds the done markers waiting to be written. Past it
@@ -59,7 +61,7 @@ func (w *markerWriter) run(idle chan struct{}) {
 			w.g.log.DebugContext(ctx, "mark done", "events", len(batch), "err", err)
 		}
 		for range batch {
-			w.g.hook(ctx, StepMarkedDone)
+			step.Reached(ctx, step.MarkedDone)
 		}
 	}
 }

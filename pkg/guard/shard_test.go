@@ -44,8 +44,8 @@ func rows(t *testing.T, pool *pgxpool.Pool, id string) int {
 // key, a batch may not span shards, and a duplicate is caught on its shard.
 func TestShardsKeepEachDedupRowWithItsKey(t *testing.T) {
 	t.Parallel()
-	p0, _ := testenv.Schema(t)
-	p1, _ := testenv.Schema(t)
+	p0, _ := testenv.Schema(t, testenv.Effects)
+	p1, _ := testenv.Schema(t, testenv.Effects)
 	g, err := guard.New(guard.Config{Scope: "payments", Shards: []guard.Store{pgtier.New(p0), pgtier.New(p1)}})
 	require.NoError(t, err)
 	require.Equal(t, 2, g.Shards())
@@ -80,7 +80,7 @@ func TestShardsKeepEachDedupRowWithItsKey(t *testing.T) {
 }
 
 func TestShardsOrStoreNotBoth(t *testing.T) {
-	p, _ := testenv.Schema(t)
+	p, _ := testenv.Schema(t, testenv.Effects)
 	_, err := guard.New(guard.Config{Scope: "s", Store: pgtier.New(p), Shards: []guard.Store{pgtier.New(p)}})
 	require.ErrorContains(t, err, "not both")
 	_, err = guard.New(guard.Config{Scope: "s", Shards: []guard.Store{pgtier.New(p), nil}})
@@ -106,8 +106,8 @@ func (c *conflictCounter) CrossShardConflict(_ context.Context, ev guard.Event) 
 // counted. On one shard the same pair is a payload conflict, not counted.
 func TestCrossShardConflictsRedisRemembersAreCounted(t *testing.T) {
 	t.Parallel()
-	p0, _ := testenv.Schema(t)
-	p1, _ := testenv.Schema(t)
+	p0, _ := testenv.Schema(t, testenv.Effects)
+	p1, _ := testenv.Schema(t, testenv.Effects)
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })

@@ -21,6 +21,7 @@ import (
 	"github.com/idemhq/idem/internal/crashpoint"
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/loadgen"
+	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/verify"
 	"github.com/idemhq/idem/pkg/consumer"
@@ -80,9 +81,9 @@ func newEnvOn(t *testing.T, redisURL, amqpURL, databaseURL string) *env {
 	if amqpURL == "" {
 		amqpURL = testenv.AMQPURL()
 	}
-	pool, dbURL := testenv.SchemaOn(t, databaseURL)
+	pool, dbURL := testenv.SchemaOn(t, databaseURL, payments.Migrations)
 	e := &env{t: t, pool: pool, amqpURL: amqpURL, queue: testenv.Queue(t, amqpURL), dir: t.TempDir(),
-		brokerLimit: consumer.DefaultBrokerDeliveryLimit}
+		brokerLimit: 0}
 	e.appName = "idem_" + testenv.Name(t)
 	dbURL = testenv.WithParam(dbURL, "application_name", e.appName)
 	prefix := testenv.Name(t)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/loadgen"
+	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/verify"
@@ -49,7 +50,7 @@ func newClusterEnv(t *testing.T, partitions int) *clusterEnv {
 	require.NoError(t, err)
 
 	e := newEnvOn(t, rc.URL(), mq.Nodes[0].URL(), testenv.DatabaseURL())
-	pool1, url1 := testenv.SchemaOn(t, pg1.URL())
+	pool1, url1 := testenv.SchemaOn(t, pg1.URL(), payments.Migrations)
 	url1 = testenv.WithParam(url1, "application_name", e.appName)
 	var url0 string
 	for _, v := range e.vars {

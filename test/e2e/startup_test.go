@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/testenv"
 )
 
@@ -24,7 +25,7 @@ func TestStartupSaysWhatIsWrongAndStops(t *testing.T) {
 
 	// A schema whose idem_processed predates the migration ledger: the
 	// first migration fails with 42P07.
-	stalePool, stale := testenv.Schema(t)
+	stalePool, stale := testenv.Schema(t, payments.Migrations)
 	_, err := stalePool.Exec(ctx, `DROP TABLE idem_migrations`)
 	require.NoError(t, err)
 
@@ -53,7 +54,7 @@ func TestStartupSaysWhatIsWrongAndStops(t *testing.T) {
 		{"misspelt variable", []string{"IDEM_CONSUMER_WORKRS=4"}, []string{"IDEM_CONSUMER_WORKRS names no setting"}},
 		// A service that is not up is waited for, visibly, until the deadline.
 		{"Postgres not up", []string{"DATABASE_URL=postgres://postgres@127.0.0.1:" + fmt.Sprint(closed) + "/test?sslmode=disable", "IDEM_CONSUMER_STARTUP_TIMEOUT=2s"},
-			[]string{"waiting for PostgreSQL", "database_url: PostgreSQL was not reachable within consumer.startup_timeout (2s)"}},
+			[]string{"waiting for PostgreSQL", "PostgreSQL was not reachable within the start-up timeout (2s)"}},
 		{"RabbitMQ not up", []string{"AMQP_URL=amqp://guest:guest@127.0.0.1:" + fmt.Sprint(closed) + "/", "IDEM_CONSUMER_STARTUP_TIMEOUT=2s"},
 			[]string{"amqp_url: RabbitMQ was not reachable within StartupTimeout (2s)"}},
 	}
@@ -92,8 +93,8 @@ func TestConsumerWaitsForAPostgresThatIsNotUpYet(t *testing.T) {
 func TestShardListKeepsItsOrder(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "", "")
-	_, s0 := testenv.Schema(t)
-	_, s1 := testenv.Schema(t)
+	_, s0 := testenv.Schema(t, payments.Migrations)
+	_, s1 := testenv.Schema(t, payments.Migrations)
 	r := e.run([]string{"IDEM_POSTGRES_SHARDS=" + s0 + " " + s1}, "migrate")
 	require.Equal(t, 0, r.code, r.out)
 	require.Contains(t, r.out, "shard 1 is up to date")

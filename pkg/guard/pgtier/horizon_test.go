@@ -18,7 +18,7 @@ import (
 // database's clock, and never refuses one whose row exists.
 func TestClaimEnforcesTheRecordedHorizon(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.Schema(t)
+	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	ctx := context.Background()
 	now := time.Now()
@@ -69,7 +69,7 @@ func TestClaimEnforcesTheRecordedHorizon(t *testing.T) {
 // not insert a fresh row and apply it a second time.
 func TestClaimChecksTheHorizonWhenTheRowIsClaimed(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.Schema(t)
+	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	ctx := context.Background()
 	_, err := s.EnforceRetention(ctx, time.Hour, time.Minute)
@@ -96,7 +96,7 @@ func TestClaimChecksTheHorizonWhenTheRowIsClaimed(t *testing.T) {
 // nothing until it ends.
 func TestPruneWaitsForClaimsBegunBeforeTheCut(t *testing.T) {
 	t.Parallel()
-	_, url := testenv.Schema(t)
+	_, url := testenv.Schema(t, testenv.Effects)
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
@@ -148,7 +148,7 @@ func TestPruneWaitsForClaimsBegunBeforeTheCut(t *testing.T) {
 // zero while something else is enforced.
 func TestHorizonRefusesAZeroClockSkew(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.Schema(t)
+	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	_, err := s.EnforceRetention(context.Background(), time.Hour, 0)
 	require.ErrorContains(t, err, "positive retention and clock skew")

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/pgtier"
@@ -18,7 +17,7 @@ import (
 //
 //	go test -run '^$' -bench ProcessedRowSize -benchtime 200000x ./pkg/guard/pgtier/
 func BenchmarkProcessedRowSize(b *testing.B) {
-	pool, _ := testenv.Schema(b)
+	pool, _ := testenv.Schema(b, testenv.Effects)
 	ctx := context.Background()
 	s := pgtier.New(pool)
 	const batch = 1000
@@ -37,8 +36,8 @@ func BenchmarkProcessedRowSize(b *testing.B) {
 		events = events[:0]
 	}
 	for i := range b.N {
-		ev := payments.Event{EventID: fmt.Sprintf("evt_%012d", i), UserID: "user_42", Type: payments.TypePaymentCompleted, Amount: 1000}
-		events = append(events, guard.Event{ID: ev.EventID, Hash: ev.Hash()})
+		id := fmt.Sprintf("evt_%012d", i)
+		events = append(events, guard.Event{ID: id, Hash: guard.HashFields(id, "user_42", "PAYMENT_COMPLETED", "1000")})
 		if len(events) == batch {
 			flush()
 		}

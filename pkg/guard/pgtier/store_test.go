@@ -55,7 +55,7 @@ func claimOpen(t *testing.T, s *pgtier.Store, e guard.Event) pgx.Tx {
 
 func TestClaimInsertsThenReportsDuplicateOrConflict(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.Schema(t)
+	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("e1", "a")))
 	require.Equal(t, guard.ClaimDuplicate, claimCommit(t, s, ev("e1", "a")))
@@ -65,7 +65,7 @@ func TestClaimInsertsThenReportsDuplicateOrConflict(t *testing.T) {
 
 func TestRolledBackClaimLeavesNoTrace(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.Schema(t)
+	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	tx := claimOpen(t, s, ev("e1", "a"))
 	require.NoError(t, tx.Rollback(context.Background()))
@@ -77,7 +77,7 @@ func TestRolledBackClaimLeavesNoTrace(t *testing.T) {
 // the rest wait on it and then see a duplicate.
 func TestConcurrentClaimsExactlyOneWins(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.Schema(t)
+	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	const n = 16
 	results := make([]guard.ClaimResult, n)
@@ -124,7 +124,7 @@ func TestConcurrentClaimsExactlyOneWins(t *testing.T) {
 // processed once, not zero times.
 func TestWaiterTakesOverWhenFirstClaimRollsBack(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.Schema(t)
+	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	ctx := context.Background()
 	first := claimOpen(t, s, ev("e", "a"))
@@ -167,7 +167,7 @@ func waitForLockWaiter(t *testing.T, pool *pgxpool.Pool, blocker pgx.Tx) {
 
 func TestBatchClaimMixesOutcomes(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.Schema(t)
+	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	ctx := context.Background()
 	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("old", "a")))
@@ -182,7 +182,7 @@ func TestBatchClaimMixesOutcomes(t *testing.T) {
 
 func TestScopesAreIndependent(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.Schema(t)
+	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	ctx := context.Background()
 	for _, scope := range []string{"billing", "ledger"} {
@@ -197,7 +197,7 @@ func TestScopesAreIndependent(t *testing.T) {
 
 func TestPruneDeletesOnlyRowsPastRetention(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.Schema(t)
+	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	ctx := context.Background()
 	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("old", "a")))
@@ -217,7 +217,7 @@ func TestPruneDeletesOnlyRowsPastRetention(t *testing.T) {
 // enforce and the one prune uses live in one row, so they cannot disagree.
 func TestPruneCannotCutBelowWhatConsumersEnforce(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.Schema(t)
+	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	ctx := context.Background()
 	h, err := s.EnforceRetention(ctx, 30*24*time.Hour, time.Minute)
@@ -256,7 +256,7 @@ func TestPruneCannotCutBelowWhatConsumersEnforce(t *testing.T) {
 // INSERT waited on it: that is the race staged here.
 func TestClaimOfAPrunedRowIsBeyondRetention(t *testing.T) {
 	t.Parallel()
-	pool, url := testenv.Schema(t)
+	pool, url := testenv.Schema(t, testenv.Effects)
 	ctx := context.Background()
 
 	// Another consumer holds the row, uncommitted.
@@ -325,7 +325,7 @@ func (p *pruneBeforeLookup) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQ
 // connection must not reach the guard's transactions.
 func TestCommitIsDurableWhateverTheServerSays(t *testing.T) {
 	t.Parallel()
-	_, url := testenv.Schema(t)
+	_, url := testenv.Schema(t, testenv.Effects)
 	pool, err := pgxpool.New(context.Background(), testenv.WithParam(url, "synchronous_commit", "off"))
 	require.NoError(t, err)
 	defer pool.Close()
@@ -364,7 +364,7 @@ func (r *sqlRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEn
 // the primary key by both columns, not scan a whole scope for every batch.
 func TestClaimProbesTheKeyOnANewTable(t *testing.T) {
 	t.Parallel()
-	_, url := testenv.Schema(t)
+	_, url := testenv.Schema(t, testenv.Effects)
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
@@ -394,7 +394,7 @@ func TestClaimProbesTheKeyOnANewTable(t *testing.T) {
 // given in the shard list.
 func TestCheckShardRefusesAnotherPlace(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.Schema(t)
+	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	ctx := context.Background()
 	require.NoError(t, s.CheckShard(ctx, 1, 3))
@@ -409,7 +409,7 @@ func TestCheckShardRefusesAnotherPlace(t *testing.T) {
 // same place, rather than failing (consumers of a fleet start together).
 func TestCheckShardWaitsForAFirstRecorder(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.Schema(t)
+	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	ctx := context.Background()
 	first, err := pool.Begin(ctx)

@@ -12,29 +12,28 @@ import (
 
 // Defaults for BreakerConfig.
 const (
-	DefaultFailureThreshold = 5
-	DefaultMinOutage        = 250 * time.Millisecond
-	DefaultOpenTimeout      = 5 * time.Second
-	DefaultHalfOpenRequests = 1
+	defaultFailureThreshold = 5
+	defaultMinOutage        = 250 * time.Millisecond
+	defaultOpenTimeout      = 5 * time.Second
+	defaultHalfOpenRequests = 1
 )
 
 // BreakerConfig configures the circuit breaker that routes around Redis.
 type BreakerConfig struct {
 	// FailureThreshold is the number of consecutive failed calls that open
-	// the breaker, once they have gone on for MinOutage. Defaults to
-	// DefaultFailureThreshold.
+	// the breaker, once they have gone on for MinOutage. Defaults to 5.
 	FailureThreshold uint32
 	// MinOutage is how long calls must have kept failing before the breaker
 	// opens. A Redis that is down or stopped fails every call, and opens
 	// the breaker after MinOutage; a machine so busy that a few calls in a
 	// row miss their deadline, while Redis itself is fine, does not.
-	// Defaults to DefaultMinOutage.
+	// Defaults to 250ms.
 	MinOutage time.Duration
 	// OpenTimeout is how long the breaker stays open before letting probe
-	// calls through. Defaults to DefaultOpenTimeout.
+	// calls through. Defaults to 5s.
 	OpenTimeout time.Duration
 	// HalfOpenRequests is how many probe calls may run while half-open; that
-	// many successes close the breaker. Defaults to DefaultHalfOpenRequests.
+	// many successes close the breaker. Defaults to 1.
 	HalfOpenRequests uint32
 	// OnStateChange, if set, is called on every transition with the states'
 	// names ("closed", "half-open", "open").
@@ -43,16 +42,16 @@ type BreakerConfig struct {
 
 func (c *BreakerConfig) setDefaults() {
 	if c.FailureThreshold == 0 {
-		c.FailureThreshold = DefaultFailureThreshold
+		c.FailureThreshold = defaultFailureThreshold
 	}
 	if c.MinOutage == 0 {
-		c.MinOutage = DefaultMinOutage
+		c.MinOutage = defaultMinOutage
 	}
 	if c.OpenTimeout == 0 {
-		c.OpenTimeout = DefaultOpenTimeout
+		c.OpenTimeout = defaultOpenTimeout
 	}
 	if c.HalfOpenRequests == 0 {
-		c.HalfOpenRequests = DefaultHalfOpenRequests
+		c.HalfOpenRequests = defaultHalfOpenRequests
 	}
 }
 

@@ -19,10 +19,10 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultPrefix  = "idem"
-	DefaultLease   = 30 * time.Second
-	DefaultDoneTTL = 24 * time.Hour
-	DefaultTimeout = 50 * time.Millisecond
+	defaultPrefix  = "idem"
+	defaultLease   = 30 * time.Second
+	defaultDoneTTL = 24 * time.Hour
+	defaultTimeout = 50 * time.Millisecond
 )
 
 const (
@@ -33,33 +33,40 @@ const (
 // Config configures a Filter.
 type Config struct {
 	// Prefix starts every key: "<prefix>:<scope>:<event id>". Defaults to
-	// DefaultPrefix. It may not contain ':'.
+	// "idem". It may not contain ':'.
 	Prefix string
 	// Lease is how long a pending lease lives, so that a crashed
 	// consumer's lease frees itself. Longer than the slowest handler run.
-	// Defaults to DefaultLease.
+	// Defaults to 30s.
 	Lease time.Duration
 	// DoneTTL is how long a done marker lives: the window in which a
-	// duplicate is dropped without touching Postgres. Defaults to DefaultDoneTTL.
+	// duplicate is dropped without touching Postgres. Defaults to 24h.
 	DoneTTL time.Duration
-	// Timeout bounds every Redis call. Defaults to DefaultTimeout.
+	// Timeout bounds every Redis call. Defaults to 50ms.
 	Timeout time.Duration
 	// Breaker configures the circuit breaker around Redis.
 	Breaker BreakerConfig
 }
 
+// WithDefaults returns c with every unset field, the breaker's included, at
+// its default: the values a Filter runs with.
+func (c Config) WithDefaults() Config {
+	c.setDefaults()
+	return c
+}
+
 func (c *Config) setDefaults() {
 	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
+		c.Prefix = defaultPrefix
 	}
 	if c.Lease == 0 {
-		c.Lease = DefaultLease
+		c.Lease = defaultLease
 	}
 	if c.DoneTTL == 0 {
-		c.DoneTTL = DefaultDoneTTL
+		c.DoneTTL = defaultDoneTTL
 	}
 	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
+		c.Timeout = defaultTimeout
 	}
 	c.Breaker.setDefaults()
 }

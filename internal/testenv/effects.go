@@ -1,0 +1,24 @@
+package testenv
+
+import (
+	"embed"
+	"io/fs"
+
+	"github.com/idemhq/idem/migrations"
+)
+
+//go:embed effects/*.sql
+var effectFiles embed.FS
+
+// Effects is a test handler's tables, ledger(event_id, user_id, amount)
+// and balances(user_id, balance), for Schema: the library's tests apply
+// effects of their own rather than the reference payments handler's.
+var Effects = migrations.Set{Ledger: "testenv_migrations", Files: mustSub(effectFiles, "effects")}
+
+func mustSub(fsys fs.FS, dir string) fs.FS {
+	f, err := fs.Sub(fsys, dir)
+	if err != nil {
+		panic(err)
+	}
+	return f
+}

@@ -1,0 +1,130 @@
+package idem
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemhq/idem/migrations"
+	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/pkg/guard/redistier"
+)
+
+// Config configures a Service. Scope, a database, Consumer.URL and
+// Consumer.Queue are required; everything else has a safe default.
+type Config struct {
+	// Scope namespaces event IDs in Redis and Postgres: the consuming
+	// service's name. Required.
+	Scope string
+	// DatabaseURL is the PostgreSQL URL (or DSN) the service opens a pool
+	// on, sized Consumer.Workers + 4 unless the URL sets pool_max_conns.
+	// Set it or Databases.
+	DatabaseURL string
+	// Databases are pools the service already has, in shard order: one,
+	// or one per shard of the authoritative tier (see guard.Config.Shards).
+	// Each must allow more connections than Consumer.Workers. The service
+	// does not close them.
+	Databases []*pgxpool.Pool
+	// Redis is the fast tier's client. Its options must let the context's
+	// deadline bound each call (ContextTimeoutEnabled). The service does not
+	// close it. Nil, with RedisURL empty, runs on Postgres alone: correct,
+	// and slower on duplicates.
+	Redis redis.UniversalClient
+	// RedisURL, instead of Redis, is one Redis server's URL
+	// (redis://host:6379/0); the service opens and closes the client. For
+	// a cluster or Sentinel, pass a client.
+	RedisURL string
+	// Fast tunes the fast tier (prefix, lease, done-marker TTL, timeout,
+	// breaker). Fast.DoneTTL may not exceed Consumer.Retention, and
+	// Fast.Timeout must be below Consumer.HandlerTimeout.
+	Fast redistier.Config
+	// Consumer is the queue and the runtime's tuning; URL and Queue are
+	// required. Consumer.Retention and Consumer.ClockSkew are also what Run
+	// records for the claim to enforce, and what pruning cuts by. Run sets
+	// NotBefore and FormerPartitions from what the databases record.
+	Consumer consumer.Config
+	// Migrate applies the guard's migrations, then Migrations, at start.
+	// Without it, Run fails if the guard's tables are missing.
+	Migrate bool
+	// Migrations are the service's own sets (its effect tables), applied
+	// after the guard's when Migrate is set.
+	Migrations []migrations.Set
+	// PruneInterval, if set, deletes dedup rows older than the retention
+	// this often, from every shard (see pgtier.Store.Prune). Every
+	// instance of a fleet may run it. Zero leaves pruning to `idem prune`.
+	PruneInterval time.Duration
+	// Metrics, if set, receives idem's Prometheus metrics (package
+	// metrics), including the handler's own dead-letter reasons when it
+	// lists them (a Reasons() []string method).
+	Metrics prometheus.Registerer
+	// Logger receives the service's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Limits that keep a Config safe.
+const (
+	minClockSkew     = time.Second
+	minPruneInterval = time.Second
+)
+
+// validate checks what crosses the packages' own checks: the tiers must agree.
+func (c *Config) validate() error {
+	bad := func(format string, args ...any) error { return fmt.Errorf("idem: "+format, args...) }
+	switch {
+	case c.DatabaseURL == "" && len(c.Databases) == 0:
+		return bad("DatabaseURL or Databases is required")
+	case c.DatabaseURL != "" && len(c.Databases) > 0:
+		return bad("set DatabaseURL or Databases, not both")
+	case c.Redis != nil && c.RedisURL != "":
+		return bad("set Redis or RedisURL, not both")
+	case c.Consumer.ClockSkew < minClockSkew:
+		return bad("Consumer.ClockSkew %s is below %s: the claim needs a skew to refuse events from the future", c.Consumer.ClockSkew, minClockSkew)
+	case c.Consumer.Retention <= c.Consumer.ClockSkew:
+		return bad("Consumer.Retention %s must exceed Consumer.ClockSkew %s", c.Consumer.Retention, c.Consumer.ClockSkew)
+	case c.PruneInterval < 0 || (c.PruneInterval > 0 && c.PruneInterval < minPruneInterval):
+		return bad("PruneInterval %s: want 0 (off) or at least %s", c.PruneInterval, minPruneInterval)
+	}
+	if err := guard.ValidateScope(c.Scope); err != nil {
+		return bad("Scope: %w", err)
+	}
+	for i, p := range c.Databases {
+		if p == nil {
+			return bad("Databases[%d] is nil", i)
+		}
+		if n := p.Config().MaxConns; int(n) <= c.Consumer.Workers {
+			return bad("Databases[%d] allows %d connections; Consumer.Workers (%d) batches each hold one, and pruning and probes need more: allow at least %d",
+				i, n, c.Consumer.Workers, c.Consumer.Workers+1)
+		}
+	}
+	if c.fastOn() {
+		f := c.Fast
+		switch {
+		case f.DoneTTL > c.Consumer.Retention:
+			return bad("Fast.DoneTTL %s exceeds Consumer.Retention %s: Redis would vouch for events Postgres has forgotten", f.DoneTTL, c.Consumer.Retention)
+		case f.Timeout >= c.Consumer.HandlerTimeout:
+			return bad("Fast.Timeout %s must be well below Consumer.HandlerTimeout %s: Redis is only an optimisation", f.Timeout, c.Consumer.HandlerTimeout)
+		}
+	}
+	return nil
+}
+
+// fastOn reports whether the fast tier is configured.
+func (c *Config) fastOn() bool { return c.Redis != nil || c.RedisURL != "" }
+
+// redisOptions are the options a client opened from RedisURL gets: per-call
+// deadlines from the context, no retries of its own (the breaker decides
+// what a failure means), and no dial or read longer than a second.
+func redisOptions(url string) (*redis.Options, error) {
+	o, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("idem: RedisURL: %w", err)
+	}
+	o.ContextTimeoutEnabled, o.MaxRetries = true, -1
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = time.Second, time.Second, time.Second
+	return o, nil
+}

@@ -1,0 +1,115 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// check is one readiness condition: nil when it holds. Required checks
+// make /readyz fail; the others are only reported.
+type check struct {
+	name     string
+	required bool
+	run      func(ctx context.Context) error
+}
+
+// checkTimeout bounds each readiness check.
+const checkTimeout = time.Second
+
+// Health serves the probes: /healthz answers while the process does;
+// /readyz answers 200 while the consumer consumes and every database
+// answers, and 503 otherwise. Its body has one line per check, including
+// those reported but not required: Redis (without it events go to
+// Postgres, correctly), the broker blocking publishers (dead letters wait,
+// acks go on) and messages stranded in queues outside the stream's layout.
+// Mount it on the service's own mux, or serve it alone.
+func (s *Service[T]) Health() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ready, body := runChecks(r.Context(), s.checks())
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if !ready {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		fmt.Fprint(w, body)
+	})
+	return mux
+}
+
+func (s *Service[T]) checks() []check {
+	return []check{
+		{name: "consumer", required: true, run: func(context.Context) error {
+			if !s.Stats().Consuming {
+				return errors.New("not consuming (starting, or reconnecting to RabbitMQ)")
+			}
+			return nil
+		}},
+		{name: "postgres", required: true, run: func(ctx context.Context) error {
+			// Every shard: a batch for a shard that is down is held.
+			for i, pool := range s.dbs {
+				if err := pool.Ping(ctx); err != nil {
+					if len(s.dbs) > 1 {
+						return fmt.Errorf("shard %d: %w", i, err)
+					}
+					return err
+				}
+			}
+			return nil
+		}},
+		{name: "rabbitmq_publishing", run: func(context.Context) error {
+			if why := s.Stats().Blocked; why != "" {
+				return fmt.Errorf("blocked by the broker (%s): dead letters wait, acks go on", why)
+			}
+			return nil
+		}},
+		{name: "stranded", run: func(context.Context) error {
+			if st := s.Stats(); st.Stranded > 0 {
+				return fmt.Errorf("%d message(s) in %s, which nobody consumes (a publisher uses another partition count)", st.Stranded, strings.Join(st.StrandedIn, ", "))
+			}
+			return nil
+		}},
+		{name: "redis", run: func(ctx context.Context) error {
+			if s.rdb == nil {
+				return errors.New("not in use (running on Postgres alone)")
+			}
+			return s.rdb.Ping(ctx).Err()
+		}},
+	}
+}
+
+// runChecks runs every check at once and reports whether the required ones
+// passed, with one line per check.
+func runChecks(ctx context.Context, checks []check) (bool, string) {
+	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	errs := make([]chan error, len(checks))
+	for i, c := range checks {
+		errs[i] = make(chan error, 1)
+		go func() { errs[i] <- c.run(ctx) }()
+	}
+	ready := true
+	var b strings.Builder
+	for i, c := range checks {
+		err := <-errs[i]
+		switch {
+		case err == nil:
+			fmt.Fprintf(&b, "%s: ok\n", c.name)
+		case c.required:
+			ready = false
+			fmt.Fprintf(&b, "%s: failing: %v\n", c.name, err)
+		default:
+			fmt.Fprintf(&b, "%s: failing (not required): %v\n", c.name, err)
+		}
+	}
+	if ready {
+		return true, "ready\n" + b.String()
+	}
+	return false, "not ready\n" + b.String()
+}

@@ -1,0 +1,325 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemhq/idem/migrations"
+	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/pkg/guard/pgtier"
+	"github.com/idemhq/idem/pkg/guard/redistier"
+	"github.com/idemhq/idem/pkg/metrics"
+)
+
+// Service runs one handler on one stream. Create it with New, run it with
+// Run; Health and Stats are safe to call at any time.
+type Service[T any] struct {
+	cfg     Config
+	handler consumer.Handler[T]
+	log     *slog.Logger
+	metrics *metrics.Metrics // nil without Config.Metrics
+
+	dbs     []*pgxpool.Pool
+	ownDBs  bool
+	stores  []*pgtier.Store
+	rdb     redis.UniversalClient // nil: Postgres alone
+	ownRDB  bool
+	fast    *redistier.Filter
+	running atomic.Pointer[consumer.Consumer[T]]
+}
+
+// New checks cfg and returns a Service that runs h. It opens no connection:
+// a pool opened from DatabaseURL and a client opened from RedisURL connect
+// on first use, in Run.
+func New[T any](cfg Config, h consumer.Handler[T]) (*Service[T], error) {
+	if h == nil {
+		return nil, errors.New("idem: a handler is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Consumer.Logger == nil {
+		cfg.Consumer.Logger = cfg.Logger
+	}
+	cfg.Consumer = cfg.Consumer.WithDefaults()
+	cfg.Fast = cfg.Fast.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	s := &Service[T]{cfg: cfg, handler: h, log: cfg.Logger}
+	if err := s.open(); err != nil {
+		s.close()
+		return nil, err
+	}
+	// Build once, so that every bad setting is New's error, not Run's.
+	if _, _, err := s.build(time.Time{}, 0); err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// open creates the pools, stores, Redis client, fast tier and metrics.
+func (s *Service[T]) open() error {
+	cfg := &s.cfg
+	s.dbs = cfg.Databases
+	if cfg.DatabaseURL != "" {
+		pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+		if err != nil {
+			return fmt.Errorf("idem: DatabaseURL: %w", err)
+		}
+		if !hasParam(cfg.DatabaseURL, "pool_max_conns") {
+			pc.MaxConns = int32(cfg.Consumer.Workers + 4)
+		}
+		if t := pc.ConnConfig.ConnectTimeout; t == 0 || t > 5*time.Second {
+			pc.ConnConfig.ConnectTimeout = 5 * time.Second
+		}
+		pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+		if err != nil {
+			return fmt.Errorf("idem: DatabaseURL: %w", err)
+		}
+		s.dbs, s.ownDBs = []*pgxpool.Pool{pool}, true
+	}
+	for _, p := range s.dbs {
+		s.stores = append(s.stores, pgtier.New(p))
+	}
+	if cfg.Metrics != nil {
+		m, err := metrics.New(cfg.Metrics)
+		if err != nil {
+			return fmt.Errorf("idem: Metrics: %w", err)
+		}
+		if r, ok := s.handler.(interface{ Reasons() []string }); ok {
+			m.AddReasons(r.Reasons()...)
+		}
+		if err := m.WatchConsumer(s.Stats); err != nil {
+			return fmt.Errorf("idem: Metrics: %w", err)
+		}
+		s.metrics = m
+	}
+	s.rdb = cfg.Redis
+	if cfg.RedisURL != "" {
+		o, err := redisOptions(cfg.RedisURL)
+		if err != nil {
+			return err
+		}
+		s.rdb, s.ownRDB = redis.NewClient(o), true
+	}
+	if s.rdb != nil {
+		fc := cfg.Fast
+		user := fc.Breaker.OnStateChange
+		fc.Breaker.OnStateChange = func(from, to string) {
+			s.log.Warn("redis circuit breaker", "from", from, "to", to)
+			if s.metrics != nil {
+				s.metrics.BreakerChanged(from, to)
+			}
+			if user != nil {
+				user(from, to)
+			}
+		}
+		f, err := redistier.New(s.rdb, fc)
+		if err != nil {
+			return fmt.Errorf("idem: %w", err)
+		}
+		s.fast = f
+	}
+	return nil
+}
+
+// build returns the guard and the consumer, refusing events before
+// notBefore and watching the queues of a former partition count.
+func (s *Service[T]) build(notBefore time.Time, formerPartitions int) (*consumer.Consumer[T], *guard.Guard, error) {
+	gcfg := guard.Config{Scope: s.cfg.Scope, Logger: s.log}
+	if len(s.stores) == 1 {
+		gcfg.Store = s.stores[0]
+	} else {
+		for _, st := range s.stores {
+			gcfg.Shards = append(gcfg.Shards, st)
+		}
+	}
+	if s.fast != nil {
+		gcfg.Fast = s.fast
+	}
+	ccfg := s.cfg.Consumer
+	if s.metrics != nil {
+		gcfg.Observer = s.metrics
+		if ccfg.Observer == nil {
+			ccfg.Observer = s.metrics
+		} else {
+			ccfg.Observer = observers{s.metrics, ccfg.Observer}
+		}
+	}
+	g, err := guard.New(gcfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("idem: %w", err)
+	}
+	ccfg.NotBefore, ccfg.FormerPartitions = notBefore, formerPartitions
+	c, err := consumer.New(ccfg, g, s.handler)
+	if err != nil {
+		return nil, nil, fmt.Errorf("idem: %w", err)
+	}
+	return c, g, nil
+}
+
+// Run starts up, consumes until ctx ends, drains and closes what New
+// opened. Start-up waits, logging, for a PostgreSQL that is not up yet (up
+// to Consumer.StartupTimeout) and stops at once on what cannot fix itself:
+// a failing migration, a database in another shard's place, another
+// partition count, a Redis too old for the fast tier. A Redis that does not
+// answer is logged; events go to Postgres until it does. Run returns nil
+// when ctx ends, even during start-up. Call it once.
+func (s *Service[T]) Run(ctx context.Context) error {
+	defer s.close()
+	notBefore, former, err := s.startUp(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	c, g, err := s.build(notBefore, former)
+	if err != nil {
+		return err
+	}
+	s.running.Store(c)
+	var pruning sync.WaitGroup
+	if every := s.cfg.PruneInterval; every > 0 {
+		pctx, stop := context.WithCancel(ctx)
+		defer func() { stop(); pruning.Wait() }()
+		for i, st := range s.stores {
+			pruning.Go(func() { s.pruneEvery(pctx, every, st, s.log.With("shard", i)) })
+		}
+	}
+	err = c.Run(ctx)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	_ = g.Flush(fctx) // best effort: a lost marker costs one trip to Postgres
+	cancel()
+	return err
+}
+
+// startUp runs the checks and records of Run's start, and returns where
+// the earliest event the consumer may take lies and the stream's former
+// partition count.
+func (s *Service[T]) startUp(ctx context.Context) (notBefore time.Time, former int, err error) {
+	cc := s.cfg.Consumer
+	for i, pool := range s.dbs {
+		st := s.stores[i]
+		what := func(w string) string {
+			if len(s.dbs) > 1 {
+				return fmt.Sprintf("%s on shard %d", w, i)
+			}
+			return w
+		}
+		wait := func(w string, fn func(context.Context) error) error {
+			return waitPostgres(ctx, cc.StartupTimeout, what(w), s.log, fn)
+		}
+		if s.cfg.Migrate {
+			err := wait("migrations", func(ctx context.Context) error {
+				for _, set := range append([]migrations.Set{migrations.Guard}, s.cfg.Migrations...) {
+					ran, err := migrations.ApplySet(ctx, pool, set)
+					for _, m := range ran {
+						s.log.Info("applied migration", "set", set.Ledger, "version", m.Version, "name", m.Name, "shard", i)
+					}
+					if err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return notBefore, 0, err
+			}
+		}
+		// A shard must hold the keys the list routes to it.
+		if err := wait("checking the shard's place", func(ctx context.Context) error {
+			return st.CheckShard(ctx, i, len(s.dbs))
+		}); err != nil {
+			return notBefore, 0, err
+		}
+		// Publishers and consumers must split the stream alike.
+		if err := wait("checking the stream's partition count", func(ctx context.Context) error {
+			l, err := st.CheckPartitions(ctx, cc.Queue, max(cc.Partitions, 1))
+			former = max(former, l.Previous)
+			return err
+		}); err != nil {
+			return notBefore, 0, err
+		}
+		// Record the retention and skew the claim enforces, so that prune
+		// cannot cut below them, and learn where an earlier prune cut.
+		var h pgtier.Horizon
+		if err := wait("recording the retention in idem_horizon", func(ctx context.Context) (err error) {
+			h, err = st.EnforceRetention(ctx, cc.Retention, cc.ClockSkew)
+			return err
+		}); err != nil {
+			return notBefore, 0, err
+		}
+		if !h.PrunedThrough.IsZero() {
+			if t := h.PrunedThrough.Add(h.ClockSkew); t.After(notBefore) {
+				notBefore = t
+			}
+		}
+	}
+	if s.rdb != nil {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := redistier.CheckServer(cctx, s.rdb)
+		cancel()
+		switch {
+		case errors.Is(err, redistier.ErrRedisTooOld):
+			return notBefore, 0, fmt.Errorf("idem: %w (or run without Redis, on Postgres alone)", err)
+		case err != nil:
+			s.log.Warn("redis not answering at start; events go to Postgres until it does", "err", err)
+		}
+	}
+	return notBefore, former, nil
+}
+
+// close closes what the Service opened itself.
+func (s *Service[T]) close() {
+	if s.ownRDB && s.rdb != nil {
+		s.rdb.Close()
+	}
+	if s.ownDBs {
+		for _, p := range s.dbs {
+			p.Close()
+		}
+	}
+}
+
+// Stats reports the consumer's state; before Run has started up it reports
+// a consumer that is not consuming yet.
+func (s *Service[T]) Stats() consumer.Stats {
+	if c := s.running.Load(); c != nil {
+		return c.Stats()
+	}
+	return consumer.Stats{Prefetch: s.cfg.Consumer.Prefetch}
+}
+
+// Metrics returns the service's metrics, nil without Config.Metrics.
+func (s *Service[T]) Metrics() *metrics.Metrics { return s.metrics }
+
+// observers tees the consumer's events to the metrics and the caller's
+// own observer.
+type observers [2]consumer.Observer
+
+func (o observers) Settled(ctx context.Context, st consumer.Settlement) {
+	o[0].Settled(ctx, st)
+	o[1].Settled(ctx, st)
+}
+
+func (o observers) Count(counter string, n int) {
+	o[0].Count(counter, n)
+	o[1].Count(counter, n)
+}
+
+func (o observers) Gathered(deliveries int) {
+	o[0].Gathered(deliveries)
+	o[1].Gathered(deliveries)
+}
