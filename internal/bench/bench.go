@@ -27,11 +27,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/loadgen"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/verify"
-	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/pgtier"
 	"github.com/idemhq/idem/pkg/guard/redistier"
@@ -167,7 +167,7 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 	b.seq++
 	name := fmt.Sprintf("b%d%04x", b.seq, rand.Uint32()&0xffff)
 	queue := "idem.bench." + name
-	topo := consumer.TopologyFor(queue, 0)
+	topo := broker.TopologyFor(queue, 0)
 	defer deleteQueue(b.o.AMQPURL, topo)
 
 	schema := name
@@ -434,7 +434,7 @@ func (b *bencher) dropSchema(schema string) {
 	_, _ = b.admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 }
 
-func deleteQueue(url string, t consumer.Topology) {
+func deleteQueue(url string, t broker.Topology) {
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		return

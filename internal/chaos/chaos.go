@@ -24,11 +24,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/loadgen"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/verify"
-	"github.com/idemhq/idem/pkg/consumer"
 )
 
 // Options describe a run. The same options and seed give the same stream
@@ -339,7 +339,7 @@ func (r *run) consumerEnv() []string {
 
 // workQueues are the run's work queues: one, or one per partition.
 func (r *run) workQueues() []string {
-	return consumer.Topology{Queue: r.queue, Partitions: r.o.Partitions}.Queues()
+	return broker.Topology{Queue: r.queue, Partitions: r.o.Partitions}.Queues()
 }
 
 // workDepth is the ready messages of every work queue.

@@ -7,9 +7,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/sandbox"
-	"github.com/idemhq/idem/pkg/consumer"
 )
 
 // Fault is one injected fault as it happened.
@@ -132,7 +132,7 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 		// double the fault's time (one rabbitmqctl run each) and delay
 		// the faults behind it.
 		consuming := func(name string) bool {
-			return strings.HasPrefix(name, r.fleet.prefix) && !strings.HasSuffix(name, consumer.PublishingConnectionSuffix)
+			return strings.HasPrefix(name, r.fleet.prefix) && !strings.HasSuffix(name, broker.PublishingConnectionSuffix)
 		}
 		n, err := sandbox.CloseConnectionsWhere(node, consuming, "idem chaos: amqp-close fault")
 		if err == nil && n == 0 {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/verify"
-	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -152,8 +152,8 @@ func (res *Result) Print(w io.Writer) {
 	for _, k := range slices.Sorted(maps.Keys(res.Requeued)) {
 		row("  "+k, res.Requeued[k])
 	}
-	row("retried in place (Postgres unreachable)", res.Outcomes["count/"+consumer.CounterStoreRetry])
-	row("reconnects to RabbitMQ", res.Outcomes["count/"+consumer.CounterReconnect])
+	row("retried in place (Postgres unreachable)", res.Outcomes["count/"+wire.CounterStoreRetry])
+	row("reconnects to RabbitMQ", res.Outcomes["count/"+wire.CounterReconnect])
 	row("dead-lettered", res.Outcomes[guard.OutcomeDeadLettered.String()])
 	for _, k := range slices.Sorted(maps.Keys(res.DeadLettered)) {
 		row("  "+k, res.DeadLettered[k])

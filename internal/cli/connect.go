@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/internal/config"
+	"github.com/idemhq/idem/internal/pgerr"
 	"github.com/idemhq/idem/pkg/consumer"
-	"github.com/idemhq/idem/pkg/guard/pgtier"
 )
 
 // loadDB reads the config and opens a pool per shard (one for database_url
@@ -104,7 +104,7 @@ func waitPostgres(ctx context.Context, timeout time.Duration, what string, log *
 			return nil
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case !timedOut && !pgtier.IsTransient(err):
+		case !timedOut && !pgerr.IsTransient(err):
 			return fmt.Errorf("%s failed, and retrying cannot fix it (check database_url and the database): %w", what, err)
 		case time.Now().After(deadline):
 			return fmt.Errorf("database_url: PostgreSQL was not reachable within consumer.startup_timeout (%s) for %s: %w", timeout, what, err)

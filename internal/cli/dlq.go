@@ -19,7 +19,7 @@ import (
 	"github.com/idemhq/idem/internal/config"
 	"github.com/idemhq/idem/internal/dlq"
 	"github.com/idemhq/idem/internal/payments"
-	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/partition"
 )
 
@@ -79,7 +79,7 @@ func (f dlqFilter) match(m dlq.Message) bool {
 // knownReasons are the dead-letter reasons idem writes: the runtime's, the
 // broker's and the reference handler's.
 func knownReasons() []string {
-	return slices.Sorted(slices.Values(append(consumer.Reasons(), payments.Reasons()...)))
+	return slices.Sorted(slices.Values(append(wire.Reasons(), payments.Reasons()...)))
 }
 
 // checkReason refuses a --reason idem never writes (a typo would select
@@ -200,7 +200,7 @@ was processed and both payload hashes.`)
 			return dlq.Keep, nil
 		}
 		shown++
-		if m.Reason == consumer.ReasonPayloadConflict {
+		if m.Reason == wire.ReasonPayloadConflict {
 			conflicts = append(conflicts, m)
 		}
 		printDeadLetter(e.stdout, shown, m, time.Now())
@@ -249,8 +249,8 @@ func printDeadLetter(w io.Writer, n int, m dlq.Message, now time.Time) {
 	}
 }
 
-var shownHeaders = []string{consumer.HeaderReason, consumer.HeaderError, consumer.HeaderQueue, consumer.HeaderDeliveryCount,
-	consumer.HeaderDeadLetteredAt, consumer.HeaderDeadLetterID, consumer.HeaderEventID, dlq.HeaderReplays, dlq.HeaderPublishID, "x-delivery-count"}
+var shownHeaders = []string{wire.HeaderReason, wire.HeaderError, wire.HeaderQueue, wire.HeaderDeliveryCount,
+	wire.HeaderDeadLetteredAt, wire.HeaderDeadLetterID, wire.HeaderEventID, dlq.HeaderReplays, dlq.HeaderPublishID, "x-delivery-count"}
 
 // printable quotes a body that is not plain text.
 func printable(b []byte) string {

@@ -12,8 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemhq/idem/internal/fastkey"
+	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/guard"
-	"github.com/idemhq/idem/pkg/guard/redistier"
 )
 
 func runInspect(ctx context.Context, e *env, args []string) error {
@@ -65,18 +66,14 @@ every shard: an event ID alone does not say which shard its user maps to.`)
 			return err
 		}
 		defer rdb.Close()
-		f, err := redistier.New(rdb, redistier.Config{Prefix: cfg.Redis.Prefix})
-		if err != nil {
-			return err
-		}
-		key := f.Key(cfg.Scope, id)
-		m, err := f.Inspect(ctx, cfg.Scope, id)
+		key := fastkey.Key(cfg.Redis.Prefix, cfg.Scope, id)
+		m, err := fastkey.Inspect(ctx, rdb, cfg.Redis.Prefix, cfg.Scope, id)
 		switch {
 		case err != nil:
 			fmt.Fprintf(tw, "redis %s:\tunreachable: %v\n", key, err)
-		case m.State == guard.FastDone:
+		case m.State == tier.FastDone:
 			fmt.Fprintf(tw, "redis %s:\tdone, payload hash %s, expires in %s\n", key, hex.EncodeToString(m.Hash), m.TTL.Round(time.Second))
-		case m.State == guard.FastPending:
+		case m.State == tier.FastPending:
 			fmt.Fprintf(tw, "redis %s:\tpending: a consumer holds the lease, expires in %s\n", key, m.TTL.Round(time.Millisecond))
 		default:
 			fmt.Fprintf(tw, "redis %s:\tno key (never seen, expired, evicted or flushed)\n", key)

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemhq/idem/internal/layout"
 	"github.com/idemhq/idem/internal/payments"
-	"github.com/idemhq/idem/pkg/guard/pgtier"
 )
 
 func runMigrate(ctx context.Context, e *env, args []string) error {
@@ -29,7 +29,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", where, err)
 		}
-		if err := pgtier.New(pool).CheckShard(ctx, i, len(dbs)); err != nil {
+		if err := layout.CheckShard(ctx, pool, i, len(dbs)); err != nil {
 			return fmt.Errorf("postgres.shards: %s: %w", where, err)
 		}
 		for _, m := range ran {

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemhq/idem/pkg/guard/pgtier"
+	"github.com/idemhq/idem/internal/horizon"
 )
 
 func runPrune(ctx context.Context, e *env, args []string) error {
@@ -32,14 +32,13 @@ older than that.`)
 	defer dbs.Close()
 	// Each shard keeps its own horizon: its consumers record it there.
 	for i, pool := range dbs {
-		store := pgtier.New(pool)
 		where := cmp.Or(dbs.name(i), "database")
 		if *reset {
-			if err := store.ResetHorizon(ctx, cfg.Postgres.Retention, cfg.Consumer.ClockSkew); err != nil {
+			if err := horizon.Reset(ctx, pool, cfg.Postgres.Retention, cfg.Consumer.ClockSkew); err != nil {
 				return fmt.Errorf("%s: %w", where, err)
 			}
 		}
-		n, cutoff, err := store.Prune(ctx, pgtier.PruneConfig{
+		n, cutoff, err := horizon.Prune(ctx, pool, horizon.PruneConfig{
 			Retention: cfg.Postgres.Retention, ClockSkew: cfg.Consumer.ClockSkew, Batch: *batch, CutUntimed: *cutUntimed})
 		if err != nil {
 			return fmt.Errorf("%s: %w", where, err)

@@ -9,10 +9,10 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/config"
+	"github.com/idemhq/idem/internal/layout"
 	"github.com/idemhq/idem/migrations"
-	"github.com/idemhq/idem/pkg/consumer"
-	"github.com/idemhq/idem/pkg/guard/pgtier"
 )
 
 // checkPartitions compares cfg's partition count with the one the database
@@ -36,7 +36,7 @@ func checkPartitions(ctx context.Context, cfg config.Config, log *slog.Logger) e
 			if _, err := migrations.Apply(ctx, pool); err != nil {
 				return err
 			}
-			_, err := pgtier.New(pool).CheckPartitions(ctx, cfg.Queue, cfg.Partitions)
+			_, err := layout.CheckPartitions(ctx, pool, cfg.Queue, cfg.Partitions)
 			return err
 		})
 		if err != nil {
@@ -73,38 +73,38 @@ stale publisher strands there (log, idem_stranded_messages, /readyz).`)
 	defer dbs.Close()
 	// The layout in force is the recorded one (the config's, if none is);
 	// a config that differs from it is what a repartition expects.
-	layout, err := pgtier.New(dbs[0]).CheckPartitions(ctx, cfg.Queue, cfg.Partitions)
-	if err != nil && !errors.Is(err, pgtier.ErrWrongPartitions) {
+	stream, err := layout.CheckPartitions(ctx, dbs[0], cfg.Queue, cfg.Partitions)
+	if err != nil && !errors.Is(err, layout.ErrWrongPartitions) {
 		return err
 	}
-	if layout.Partitions == *to {
+	if stream.Partitions == *to {
 		fmt.Fprintf(e.stdout, "%s already has %d partition(s)\n", cfg.Queue, *to)
 		return nil
 	}
 	old := cfg.Topology()
-	old.Partitions = layout.Partitions
+	old.Partitions = stream.Partitions
 	busy, err := busyQueues(cfg.AMQPURL, old.Queues())
 	if err != nil {
 		return fmt.Errorf("amqp_url: %w", err)
 	}
 	if len(busy) > 0 {
 		return fmt.Errorf("repartition: the queues of the current layout (%d partition(s)) are not idle: %s. Stop the publishers, let the consumers drain them, stop the consumers, then run this again",
-			layout.Partitions, strings.Join(busy, "; "))
+			stream.Partitions, strings.Join(busy, "; "))
 	}
 	for i, pool := range dbs {
-		if _, err := pgtier.New(pool).SetPartitions(ctx, cfg.Queue, *to); err != nil {
+		if _, err := layout.SetPartitions(ctx, pool, cfg.Queue, *to); err != nil {
 			return fmt.Errorf("shard %d: %w", i, err)
 		}
 	}
 	fmt.Fprintf(e.stdout, "%s: %d partition(s) → %d. Start consumers and publishers with partitions: %d (IDEM_PARTITIONS=%d)\n",
-		cfg.Queue, layout.Partitions, *to, *to, *to)
+		cfg.Queue, stream.Partitions, *to, *to, *to)
 	return nil
 }
 
 // busyQueues describes each of queues that holds messages or has a
 // consumer; a queue that does not exist is idle.
 func busyQueues(url string, queues []string) ([]string, error) {
-	conn, _, err := consumer.Dial(consumer.SplitURLs(url), 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-repartition"}})
+	conn, _, err := broker.Dial(broker.SplitURLs(url), 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-repartition"}})
 	if err != nil {
 		return nil, err
 	}

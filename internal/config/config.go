@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard/redistier"
 )
@@ -319,8 +320,8 @@ func (c Config) DatabaseURLs() []string {
 }
 
 // Topology is the queues and dead-letter queue the settings name.
-func (c Config) Topology() consumer.Topology {
-	t := consumer.TopologyFor(c.Queue, c.Consumer.BrokerDeliveryLimit)
+func (c Config) Topology() broker.Topology {
+	t := broker.TopologyFor(c.Queue, c.Consumer.BrokerDeliveryLimit)
 	t.Partitions = c.Partitions
 	return t
 }

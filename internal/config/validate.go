@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
 )
@@ -31,7 +32,7 @@ func (c Config) Validate() error {
 	// Each URL through its client library's own parser, so that a typo
 	// stops the start instead of a reconnect loop. (Their errors may quote
 	// the URL; the command's output is redacted.)
-	for _, u := range consumer.SplitURLs(c.AMQPURL) {
+	for _, u := range broker.SplitURLs(c.AMQPURL) {
 		if _, err := amqp.ParseURI(u); err != nil {
 			return bad("amqp_url", "cannot be parsed as an AMQP URL (amqp:// or amqps://, host, port, vhost; several separated by commas): %v", err)
 		}

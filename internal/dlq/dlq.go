@@ -32,7 +32,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/internal/broker"
+	"github.com/idemhq/idem/internal/wire"
 )
 
 // HeaderReplays counts how many times a message was replayed from the
@@ -57,7 +58,7 @@ type Message struct {
 	Replays int64
 	// DeadLetteredAt is when it was dead-lettered; zero if unknown.
 	DeadLetteredAt time.Time
-	// EventID is the event ID the consumer read (consumer.HeaderEventID),
+	// EventID is the event ID the consumer read (wire.HeaderEventID),
 	// else the AMQP message ID; empty if neither is known.
 	EventID string
 	// PayloadHash is the event's payload hash as the consumer computed it
@@ -71,20 +72,20 @@ type Message struct {
 func Parse(d amqp.Delivery) Message {
 	m := Message{D: d}
 	h := d.Headers
-	m.Reason, _ = h[consumer.HeaderReason].(string)
-	m.Error, _ = h[consumer.HeaderError].(string)
-	m.Queue, _ = h[consumer.HeaderQueue].(string)
-	m.Attempts = toInt(h[consumer.HeaderDeliveryCount])
+	m.Reason, _ = h[wire.HeaderReason].(string)
+	m.Error, _ = h[wire.HeaderError].(string)
+	m.Queue, _ = h[wire.HeaderQueue].(string)
+	m.Attempts = toInt(h[wire.HeaderDeliveryCount])
 	m.Replays = toInt(h[HeaderReplays])
-	if t, ok := h[consumer.HeaderDeadLetteredAt].(time.Time); ok {
+	if t, ok := h[wire.HeaderDeadLetteredAt].(time.Time); ok {
 		m.DeadLetteredAt = t
 	}
-	m.EventID, _ = h[consumer.HeaderEventID].(string)
+	m.EventID, _ = h[wire.HeaderEventID].(string)
 	if m.EventID == "" {
 		m.EventID = d.MessageId
 	}
-	m.PayloadHash, _ = h[consumer.HeaderPayloadHash].(string)
-	m.ShardKey, _ = h[consumer.HeaderShardKey].(string)
+	m.PayloadHash, _ = h[wire.HeaderPayloadHash].(string)
+	m.ShardKey, _ = h[wire.HeaderShardKey].(string)
 	// A message the broker dead-lettered (x-delivery-limit) has no idem
 	// headers, only x-death.
 	if deaths, ok := h["x-death"].([]any); ok && len(deaths) > 0 {
@@ -92,7 +93,7 @@ func Parse(d amqp.Delivery) Message {
 			if m.Reason == "" {
 				m.Reason, _ = death["reason"].(string)
 				if m.Reason == "delivery_limit" {
-					m.Reason = consumer.ReasonDeliveryLimit
+					m.Reason = wire.ReasonDeliveryLimit
 				}
 			}
 			if m.Queue == "" {
@@ -149,7 +150,7 @@ type Queue struct {
 	pub  *amqp.Connection // fences, re-publishes and replays
 	// Topology names the work queues (every partition) and their shared
 	// dead-letter queue.
-	Topology consumer.Topology
+	Topology broker.Topology
 	// Work is the queue the consumers read (with partitions, the name the
 	// partition queues share); DLQ its dead-letter queue.
 	Work, DLQ string
@@ -158,13 +159,13 @@ type Queue struct {
 // Open connects to the broker at url (or to the first node of a
 // comma-separated list that answers) for t's dead-letter queue: one
 // connection to read and ack, one to the same node to publish.
-func Open(url string, t consumer.Topology) (*Queue, error) {
-	urls := consumer.SplitURLs(url)
-	conn, node, err := consumer.Dial(urls, 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-dlq"}})
+func Open(url string, t broker.Topology) (*Queue, error) {
+	urls := broker.SplitURLs(url)
+	conn, node, err := broker.Dial(urls, 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-dlq"}})
 	if err != nil {
 		return nil, fmt.Errorf("dlq: dial: %w", err)
 	}
-	pub, _, err := consumer.Dial(urls[node:node+1], 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-dlq-publish"}})
+	pub, _, err := broker.Dial(urls[node:node+1], 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-dlq-publish"}})
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("dlq: dial publishing connection: %w", err)
@@ -368,7 +369,7 @@ const HeaderReplayID = "x-idem-replay-id"
 // Replayer re-publishes dead letters onto the work queue.
 type Replayer struct {
 	p    *publisher
-	topo consumer.Topology
+	topo broker.Topology
 }
 
 // Replayer opens a confirm-mode channel on the publishing connection for
@@ -388,9 +389,9 @@ func (r *Replayer) Close() error { r.p.close(); return nil }
 // diagnosis and the broker's delivery counts, so that the replay starts with
 // a fresh attempt budget.
 var headersDropped = []string{
-	consumer.HeaderReason, consumer.HeaderError, consumer.HeaderQueue, consumer.HeaderDeliveryCount,
-	consumer.HeaderDeadLetterID, consumer.HeaderDeadLetteredAt, consumer.HeaderEventID, consumer.HeaderPayloadHash,
-	consumer.HeaderShardKey, HeaderReplayID, HeaderPublishID,
+	wire.HeaderReason, wire.HeaderError, wire.HeaderQueue, wire.HeaderDeliveryCount,
+	wire.HeaderDeadLetterID, wire.HeaderDeadLetteredAt, wire.HeaderEventID, wire.HeaderPayloadHash,
+	wire.HeaderShardKey, HeaderReplayID, HeaderPublishID,
 	"x-death", "x-first-death-reason", "x-first-death-queue", "x-first-death-exchange",
 	"x-last-death-reason", "x-last-death-queue", "x-last-death-exchange", "x-delivery-count",
 }

@@ -7,15 +7,16 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/internal/broker"
+	"github.com/idemhq/idem/internal/wire"
 )
 
 func TestParseReadsTheConsumersHeadersAndTheBrokers(t *testing.T) {
 	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	m := Parse(amqp.Delivery{Headers: amqp.Table{
-		consumer.HeaderReason: "handler_failed", consumer.HeaderError: "boom", consumer.HeaderQueue: "q",
-		consumer.HeaderDeliveryCount: int64(5), consumer.HeaderDeadLetteredAt: at, HeaderReplays: int64(2),
-		consumer.HeaderEventID: "evt_1", consumer.HeaderPayloadHash: "ab", consumer.HeaderShardKey: "user_1",
+		wire.HeaderReason: "handler_failed", wire.HeaderError: "boom", wire.HeaderQueue: "q",
+		wire.HeaderDeliveryCount: int64(5), wire.HeaderDeadLetteredAt: at, HeaderReplays: int64(2),
+		wire.HeaderEventID: "evt_1", wire.HeaderPayloadHash: "ab", wire.HeaderShardKey: "user_1",
 	}, MessageId: "m_1"})
 	require.Equal(t, Message{D: m.D, Reason: "handler_failed", Error: "boom", Queue: "q", Attempts: 5, Replays: 2, DeadLetteredAt: at,
 		EventID: "evt_1", PayloadHash: "ab", ShardKey: "user_1"}, m)
@@ -26,7 +27,7 @@ func TestParseReadsTheConsumersHeadersAndTheBrokers(t *testing.T) {
 		"x-delivery-count": int64(20),
 		"x-death":          []any{amqp.Table{"reason": "delivery_limit", "queue": "q", "time": at, "count": int64(1)}},
 	}})
-	require.Equal(t, consumer.ReasonDeliveryLimit, m.Reason)
+	require.Equal(t, wire.ReasonDeliveryLimit, m.Reason)
 	require.Equal(t, "q", m.Queue)
 	require.Equal(t, at, m.DeadLetteredAt)
 	require.Equal(t, int64(20), m.Attempts)
@@ -39,8 +40,8 @@ func TestPublishingKeepsTheEventAndDropsTheDiagnosis(t *testing.T) {
 	d := amqp.Delivery{
 		MessageId: "m1", ContentType: "application/json", Timestamp: ts, Body: []byte(`{"eventId":"e"}`),
 		Headers: amqp.Table{
-			"trace-id": "abc", consumer.HeaderReason: "handler_failed", consumer.HeaderError: "boom",
-			consumer.HeaderDeliveryCount: int64(5), "x-delivery-count": int64(3), HeaderReplays: int64(1),
+			"trace-id": "abc", wire.HeaderReason: "handler_failed", wire.HeaderError: "boom",
+			wire.HeaderDeliveryCount: int64(5), "x-delivery-count": int64(3), HeaderReplays: int64(1),
 			"x-death": []any{amqp.Table{"reason": "delivery_limit"}}, HeaderReplayID: "old-1",
 		},
 	}
@@ -57,7 +58,7 @@ func TestPublishingKeepsTheEventAndDropsTheDiagnosis(t *testing.T) {
 // partition queue it died in, so that its key's events keep their queue; one
 // that names no queue of the topology goes to the first.
 func TestReplayGoesBackToItsPartition(t *testing.T) {
-	topo := consumer.TopologyFor("pay", 20)
+	topo := broker.TopologyFor("pay", 20)
 	topo.Partitions = 4
 	r := &Replayer{topo: topo}
 	require.Equal(t, "pay.2", r.Target(Message{Queue: "pay.2"}))

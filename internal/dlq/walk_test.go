@@ -7,10 +7,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/dlq"
 	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/internal/wire"
 )
 
 // rig is a dead-letter queue of the test's own, with a channel to fill and
@@ -24,7 +25,7 @@ type rig struct {
 func newRig(t *testing.T) *rig {
 	t.Helper()
 	url := testenv.AMQPURL()
-	topo := consumer.TopologyFor(testenv.Queue(t, url), 0)
+	topo := broker.TopologyFor(testenv.Queue(t, url), 0)
 	t.Cleanup(func() { _ = sandbox.DeleteQueue(url, topo.DeadLetterQueue) })
 	conn, err := amqp.Dial(url)
 	require.NoError(t, err)
@@ -50,7 +51,7 @@ func (r *rig) put(ids ...string) {
 	for _, id := range ids {
 		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", r.q.DLQ, true, false, amqp.Publishing{
 			MessageId: id, Body: []byte("body of " + id), DeliveryMode: amqp.Persistent,
-			Headers: amqp.Table{consumer.HeaderReason: "handler_failed"},
+			Headers: amqp.Table{wire.HeaderReason: "handler_failed"},
 		})
 		require.NoError(r.t, err)
 		require.True(r.t, dc.Wait())

@@ -25,13 +25,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/crashpoint"
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/loadgen"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/verify"
-	"github.com/idemhq/idem/pkg/consumer"
 )
 
 // Options describe a lab run.
@@ -233,7 +233,7 @@ func (p *passRun) run(ctx context.Context) (Pass, error) {
 	p.inspect = sandbox.NewInspector(p.o.AMQPURL)
 	defer p.inspect.Close()
 	if err := loadgen.Publish(ctx, loadgen.PublishOptions{URL: p.o.AMQPURL, ConnectionName: p.name + "_publish",
-		Topology: consumer.TopologyFor(p.queue, 0)}, p.stream); err != nil {
+		Topology: broker.TopologyFor(p.queue, 0)}, p.stream); err != nil {
 		return Pass{}, err
 	}
 	m := loadgen.NewManifest(p.spec, p.queue, p.stream)

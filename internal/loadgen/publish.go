@@ -9,7 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/internal/broker"
 )
 
 // PublishOptions says where and how fast to publish.
@@ -18,7 +18,7 @@ type PublishOptions struct {
 	URL string
 	// Topology names the queues; with partitions, each event goes to the
 	// partition of its userId.
-	Topology       consumer.Topology
+	Topology       broker.Topology
 	ConnectionName string
 	// Rate caps messages per second; 0 means as fast as confirms allow.
 	Rate float64
@@ -43,7 +43,7 @@ func Publish(ctx context.Context, opt PublishOptions, s Stream) error {
 	if opt.Window <= 0 {
 		opt.Window = 256
 	}
-	conn, _, err := consumer.Dial(consumer.SplitURLs(opt.URL), 0, amqp.Config{Properties: amqp.Table{"connection_name": opt.ConnectionName}})
+	conn, _, err := broker.Dial(broker.SplitURLs(opt.URL), 0, amqp.Config{Properties: amqp.Table{"connection_name": opt.ConnectionName}})
 	if err != nil {
 		return fmt.Errorf("publish: dial: %w", err)
 	}

@@ -12,7 +12,7 @@ import (
 // broker models what RabbitMQ checks of one channel's acks: a tag may be
 // settled once, and a multiple-ack settles every unsettled tag at or below
 // it. It records the settlements the consumer never meant to make.
-type broker struct {
+type fakeBroker struct {
 	mu        sync.Mutex
 	unacked   map[uint64]bool
 	intended  map[uint64]bool // tags the consumer has settled
@@ -20,15 +20,15 @@ type broker struct {
 	violation error
 }
 
-func newBroker(n int) *broker {
-	b := &broker{unacked: map[uint64]bool{}, intended: map[uint64]bool{}}
+func newBroker(n int) *fakeBroker {
+	b := &fakeBroker{unacked: map[uint64]bool{}, intended: map[uint64]bool{}}
 	for t := uint64(1); t <= uint64(n); t++ {
 		b.unacked[t] = true
 	}
 	return b
 }
 
-func (b *broker) settle(tag uint64, multiple bool) error {
+func (b *fakeBroker) settle(tag uint64, multiple bool) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.frames++
@@ -47,10 +47,10 @@ func (b *broker) settle(tag uint64, multiple bool) error {
 	return nil
 }
 
-func (b *broker) Ack(tag uint64, multiple bool) error     { return b.settle(tag, multiple) }
-func (b *broker) Nack(tag uint64, multiple, _ bool) error { return b.settle(tag, multiple) }
-func (b *broker) Reject(tag uint64, _ bool) error         { return b.settle(tag, false) }
-func (b *broker) intend(tags ...uint64) {
+func (b *fakeBroker) Ack(tag uint64, multiple bool) error     { return b.settle(tag, multiple) }
+func (b *fakeBroker) Nack(tag uint64, multiple, _ bool) error { return b.settle(tag, multiple) }
+func (b *fakeBroker) Reject(tag uint64, _ bool) error         { return b.settle(tag, false) }
+func (b *fakeBroker) intend(tags ...uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, t := range tags {

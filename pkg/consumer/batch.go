@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -69,7 +70,7 @@ func (w *worker[T]) handleBatch(ctx context.Context, items []item[T], h *hold) {
 		}
 		if ctx.Err() != nil {
 			for _, it := range items {
-				w.requeue(ctx, it, RequeueShutdown, err)
+				w.requeue(ctx, it, wire.RequeueShutdown, err)
 			}
 			return
 		}
@@ -82,19 +83,19 @@ func (w *worker[T]) handleBatch(ctx context.Context, items []item[T], h *hold) {
 				}
 				return
 			}
-			cfg.Observer.Count(CounterStoreRetry, 1)
+			cfg.Observer.Count(wire.CounterStoreRetry, 1)
 			delay := cfg.RetryBackoff.Delay(wait)
 			cfg.Logger.Warn("store unavailable, retrying in place", "deliveries", len(items), "err", err, "delay", delay)
 			if !sleep(w.stop, delay) {
 				for _, it := range items {
-					w.requeue(ctx, it, RequeueShutdown, err)
+					w.requeue(ctx, it, wire.RequeueShutdown, err)
 				}
 				return
 			}
 			continue
 		}
 		// Nothing committed. The failure may be one event's: split.
-		cfg.Observer.Count(CounterBatchSplit, 1)
+		cfg.Observer.Count(wire.CounterBatchSplit, 1)
 		cfg.Logger.Debug("batch failed, splitting it", "deliveries", len(items), "reason", reason, "err", err)
 		mid := len(items) / 2
 		w.handleBatch(ctx, items[:mid], h)
@@ -132,7 +133,7 @@ func (w *worker[T]) settle(ctx context.Context, items []item[T], res []guard.Res
 	for i, r := range res {
 		switch r.Outcome {
 		case guard.OutcomePayloadConflict:
-			w.deadLetter(ctx, items[i], ReasonPayloadConflict, r.Err)
+			w.deadLetter(ctx, items[i], wire.ReasonPayloadConflict, r.Err)
 			continue
 		case guard.OutcomeRefused:
 			// Outside the horizon the store enforces, checked at the claim.
@@ -141,7 +142,7 @@ func (w *worker[T]) settle(ctx context.Context, items []item[T], res []guard.Res
 			continue
 		case guard.OutcomeUnknown:
 			w.c.cfg.Logger.Error("no outcome for a delivery of a decided batch: handing it back (a bug)", "event_id", items[i].ev.ID)
-			w.requeue(ctx, items[i], RequeueNoOutcome, nil)
+			w.requeue(ctx, items[i], wire.RequeueNoOutcome, nil)
 			continue
 		}
 		acked = append(acked, items[i])

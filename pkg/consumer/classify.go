@@ -6,8 +6,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemhq/idem/internal/pgerr"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/guard"
-	"github.com/idemhq/idem/pkg/guard/pgtier"
 )
 
 // verdict is what the consumer does after a failed attempt.
@@ -34,41 +35,41 @@ func classify(err error, timedOut bool) (verdict, string) {
 	}
 	switch {
 	case errors.Is(err, guard.ErrPayloadConflict):
-		return deadLetterNow, ReasonPayloadConflict
+		return deadLetterNow, wire.ReasonPayloadConflict
 	case errors.Is(err, guard.ErrInvalidID), errors.Is(err, guard.ErrInvalidEvent):
-		return deadLetterNow, ReasonInvalidEvent
+		return deadLetterNow, wire.ReasonInvalidEvent
 	case errors.Is(err, guard.ErrBeyondRetention):
-		return deadLetterNow, ReasonBeyondRetention
+		return deadLetterNow, wire.ReasonBeyondRetention
 	case errors.Is(err, guard.ErrFutureEvent):
-		return deadLetterNow, ReasonFutureTimestamp
+		return deadLetterNow, wire.ReasonFutureTimestamp
 	case errors.Is(err, guard.ErrUntimedEvent):
-		return deadLetterNow, ReasonMissingTime
+		return deadLetterNow, wire.ReasonMissingTime
 	}
-	if code := pgtier.SQLState(err); code != "" {
+	if code := pgerr.SQLState(err); code != "" {
 		switch {
 		case code == "22003":
-			return deadLetterNow, ReasonNumericOverflow
+			return deadLetterNow, wire.ReasonNumericOverflow
 		case strings.HasPrefix(code, "22"):
-			return deadLetterNow, ReasonDataException
+			return deadLetterNow, wire.ReasonDataException
 		case strings.HasPrefix(code, "23"):
-			return deadLetterNow, ReasonIntegrityViolation
+			return deadLetterNow, wire.ReasonIntegrityViolation
 		}
 	}
 	var se *guard.StoreError
 	isStore := errors.As(err, &se)
 	switch {
-	case timedOut && isStore && se.Op == "begin":
+	case timedOut && isStore && se.Op == guard.StoreBegin:
 		// No connection within the attempt's deadline: the pool or the
 		// server is unreachable; nothing of the event ran.
-		return holdInPlace, RequeueStoreUnavailable
+		return holdInPlace, wire.RequeueStoreUnavailable
 	case timedOut:
-		return spendAttempt, ReasonHandlerTimeout
-	case pgtier.IsTransient(err):
-		return holdInPlace, RequeueStoreUnavailable
-	case isStore && se.Op == "commit" || errors.Is(err, pgx.ErrTxCommitRollback):
-		return spendAttempt, ReasonCommitFailed
+		return spendAttempt, wire.ReasonHandlerTimeout
+	case pgerr.IsTransient(err):
+		return holdInPlace, wire.RequeueStoreUnavailable
+	case isStore && se.Op == guard.StoreCommit || errors.Is(err, pgx.ErrTxCommitRollback):
+		return spendAttempt, wire.ReasonCommitFailed
 	case isStore:
-		return spendAttempt, ReasonStoreFailed
+		return spendAttempt, wire.ReasonStoreFailed
 	}
-	return spendAttempt, ReasonHandlerFailed
+	return spendAttempt, wire.ReasonHandlerFailed
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemhq/idem/internal/broker"
 )
 
 // Defaults for Config, which WithDefaults fills in.
@@ -17,7 +19,7 @@ const (
 	defaultBatchSize           = 256
 	defaultBatchLinger         = 5 * time.Millisecond
 	defaultDeliveryLimit       = 5
-	defaultBrokerDeliveryLimit = 20
+	defaultBrokerDeliveryLimit = broker.DefaultDeliveryLimit
 	defaultHandlerTimeout      = 10 * time.Second
 	defaultDrainTimeout        = 30 * time.Second
 	defaultConfirmTimeout      = 10 * time.Second
@@ -34,10 +36,10 @@ type UntimedPolicy string
 const (
 	// UntimedAuto lets it through to the store while no dedup row was ever
 	// pruned, when its row, if any, is certainly still there; once a prune
-	// has cut, the store refuses it (ReasonMissingTime) unless its row
+	// has cut, the store refuses it ("missing_time") unless its row
 	// exists. It can never be applied twice. The default.
 	UntimedAuto UntimedPolicy = "auto"
-	// UntimedReject dead-letters it as ReasonMissingTime at once, for an
+	// UntimedReject dead-letters it as "missing_time" at once, for an
 	// operator who wants to learn from the first message that a producer
 	// stopped stamping its events.
 	UntimedReject UntimedPolicy = "reject"
@@ -67,7 +69,7 @@ type Config struct {
 	// empty takes them all.
 	Only []int
 	// FormerPartitions is the stream's partition count before its last
-	// change (pgtier.StreamLayout.Previous), 0 if it never changed. The
+	// change (recorded in idem_stream), 0 if it never changed. The
 	// consumer watches the queues of the stream that its layout lacks (see
 	// Topology.Strays) and reports any message stranded there (Stats,
 	// logs).
@@ -106,7 +108,7 @@ type Config struct {
 	// batch may commit before an earlier one.
 	KeyOrder bool
 	// DeliveryLimit is how many deliveries a failing handler gets before
-	// the message is dead-lettered as ReasonHandlerFailed. Defaults to
+	// the message is dead-lettered as "handler_failed". Defaults to
 	// 5.
 	DeliveryLimit int
 	// BrokerDeliveryLimit is the queue's x-delivery-limit (see Topology).
@@ -127,21 +129,21 @@ type Config struct {
 	// being applied twice. Defaults to 720h (30 days).
 	Retention time.Duration
 	// NotBefore, if set, refuses events older than it as
-	// ReasonBeyondRetention too: rows before it were pruned (see
-	// pgtier.Store.EnforceRetention).
+	// "beyond_retention" too: the store's rows before it were pruned. The
+	// front door (package idem) sets it from what the store records.
 	NotBefore time.Time
 	// ClockSkew is how far in the future an event's time may be before it
-	// is refused as ReasonFutureTimestamp (a future time would keep a
-	// replay inside the horizon forever), in the early check. Pass the same
-	// value to pgtier.Store.EnforceRetention: the store enforces the one it
-	// records. Defaults to 5m.
+	// is refused as "future_timestamp" (a future time would keep a
+	// replay inside the horizon forever), in the early check. The front
+	// door (package idem) records the same value in the store, which
+	// enforces the largest one recorded when it claims. Defaults to 5m.
 	ClockSkew time.Duration
 	// Untimed is what happens to an event with no time. Defaults to
 	// UntimedAuto.
 	Untimed UntimedPolicy
 	// StoreHold bounds how long a delivery is held and retried in place
 	// while Postgres is unreachable; after it the delivery goes back to the
-	// queue (RequeueStoreUnavailable). Keep it well under RabbitMQ's
+	// queue ("store_unavailable"). Keep it well under RabbitMQ's
 	// consumer_timeout. Defaults to 1m.
 	StoreHold time.Duration
 	// RetryBackoff spaces a failing handler's attempts, and in-place retries
@@ -236,7 +238,7 @@ func (c *Config) setDefaults() {
 
 func (c *Config) validate() error {
 	var uriErr error
-	for _, u := range SplitURLs(c.URL) {
+	for _, u := range broker.SplitURLs(c.URL) {
 		if _, err := amqp.ParseURI(u); err != nil && uriErr == nil {
 			uriErr = err
 		}
@@ -247,7 +249,7 @@ func (c *Config) validate() error {
 		}
 	}
 	switch {
-	case len(SplitURLs(c.URL)) == 0:
+	case len(broker.SplitURLs(c.URL)) == 0:
 		return errors.New("consumer: URL is required")
 	case uriErr != nil:
 		return fmt.Errorf("consumer: URL: %w", uriErr)

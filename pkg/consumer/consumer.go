@@ -12,6 +12,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemhq/idem/internal/broker"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -21,7 +23,7 @@ type Consumer[T any] struct {
 	cfg      Config
 	guard    *guard.Guard
 	handler  Handler[T]
-	topology Topology
+	topology broker.Topology
 	urls     []string    // the broker nodes, tried in turn
 	node     int         // the index in urls the next session tries first
 	queues   []string    // the queues this consumer takes
@@ -46,9 +48,9 @@ func New[T any](cfg Config, g *guard.Guard, h Handler[T]) (*Consumer[T], error) 
 		return nil, errors.New("consumer: guard and handler are required")
 	}
 	cfg.Logger = cfg.Logger.With("scope", g.Scope())
-	t := TopologyFor(cfg.Queue, cfg.BrokerDeliveryLimit)
+	t := broker.TopologyFor(cfg.Queue, cfg.BrokerDeliveryLimit)
 	t.Partitions = cfg.Partitions
-	c := &Consumer[T]{cfg: cfg, guard: g, handler: h, topology: t, urls: SplitURLs(cfg.URL)}
+	c := &Consumer[T]{cfg: cfg, guard: g, handler: h, topology: t, urls: broker.SplitURLs(cfg.URL)}
 	c.queues = t.Queues()
 	c.strays = t.Strays(cfg.FormerPartitions)
 	if len(cfg.Only) > 0 {
@@ -59,9 +61,6 @@ func New[T any](cfg Config, g *guard.Guard, h Handler[T]) (*Consumer[T], error) 
 	}
 	return c, nil
 }
-
-// Topology returns what the consumer declares.
-func (c *Consumer[T]) Topology() Topology { return c.topology }
 
 // Stats reports the consumer's state now. It is safe to call at any time,
 // from any goroutine.
@@ -108,7 +107,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 		case !c.consumed.Load() && time.Since(began) >= c.cfg.StartupTimeout:
 			return fmt.Errorf("%w within StartupTimeout (%s): %w", ErrBrokerUnreachable, c.cfg.StartupTimeout, err)
 		}
-		c.cfg.Observer.Count(CounterReconnect, 1)
+		c.cfg.Observer.Count(wire.CounterReconnect, 1)
 		if time.Since(started) > c.cfg.ReconnectBackoff.Max {
 			attempt = 1 // the session was healthy for a while: start over
 		}
@@ -122,7 +121,7 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 
 // session is one connection's life: declare, consume, work, drain.
 func (c *Consumer[T]) session(ctx context.Context) error {
-	conn, node, err := Dial(c.urls, c.node, amqp.Config{
+	conn, node, err := broker.Dial(c.urls, c.node, amqp.Config{
 		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName},
 		Heartbeat:  10 * time.Second,
 	})
@@ -138,8 +137,8 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	// Dead letters go out on a connection of their own, to the same node:
 	// during a memory or disk alarm the broker stops reading a connection
 	// that publishes, and acks sent on it would stop with the publish.
-	pubConn, _, err := Dial(c.urls[node:node+1], 0, amqp.Config{
-		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName + PublishingConnectionSuffix},
+	pubConn, _, err := broker.Dial(c.urls[node:node+1], 0, amqp.Config{
+		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName + broker.PublishingConnectionSuffix},
 		Heartbeat:  10 * time.Second,
 	})
 	if err != nil {
@@ -298,10 +297,6 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	return cause
 }
 
-// PublishingConnectionSuffix ends the name of a consumer's publishing
-// connection: Config.ConnectionName + PublishingConnectionSuffix.
-const PublishingConnectionSuffix = "-publish"
-
 // strayCheckEvery is how often a session looks for messages stranded in
 // the stream's queues outside its layout.
 const strayCheckEvery = 10 * time.Second
@@ -365,7 +360,7 @@ func (c *Consumer[T]) watchBlocked(notes <-chan amqp.Blocking) {
 	for n := range notes {
 		c.blocked.set(n)
 		if n.Active {
-			c.cfg.Observer.Count(CounterPublishBlocked, 1)
+			c.cfg.Observer.Count(wire.CounterPublishBlocked, 1)
 			c.cfg.Logger.Warn("the broker blocks publishing (a resource alarm): dead letters wait, acks go on", "reason", n.Reason)
 		} else {
 			c.cfg.Logger.Info("the broker unblocked publishing")

@@ -66,12 +66,6 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 	require.ErrorContains(t, bad.validate(), "consumer: URL")
 }
 
-func TestTopologyNamesFollowTheQueue(t *testing.T) {
-	top := TopologyFor("payments.events", 20)
-	require.Equal(t, "payments.events.dlx", top.DeadLetterExchange)
-	require.Equal(t, "payments.events.dlq", top.DeadLetterQueue)
-}
-
 func TestOnlyARefusedDeclarationIsFatal(t *testing.T) {
 	refused := &amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED - inequivalent arg 'x-delivery-limit'"}
 	require.True(t, isBadTopology(&declareError{fmt.Errorf("declare queue: %w", refused)}))

@@ -12,7 +12,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
 )
@@ -68,7 +70,7 @@ func TestAHoldIsBoundedPerDeliveryThroughSplits(t *testing.T) {
 		30*time.Second, 10*time.Millisecond, "the held deliveries were not handed back")
 	var firstHold, lastBack time.Time
 	for _, s := range r.settlements() {
-		if s.Outcome != guard.OutcomeRetry || s.Reason != consumer.RequeueStoreUnavailable {
+		if s.Outcome != guard.OutcomeRetry || s.Reason != wire.RequeueStoreUnavailable {
 			continue
 		}
 		if firstHold.IsZero() {
@@ -93,11 +95,11 @@ func TestACancelledPartitionIsConsumedAgain(t *testing.T) {
 	t.Parallel()
 	var applied atomic.Int32
 	h := idHandler{apply: func(string) error { applied.Add(1); return nil }}
-	var topo consumer.Topology
+	var topo broker.Topology
 	r := startRig(t, h, func(c *consumer.Config) {
 		c.Partitions = 2
 		c.ReconnectBackoff = consumer.Backoff{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}
-		topo = consumer.TopologyFor(c.Queue, 0)
+		topo = broker.TopologyFor(c.Queue, 0)
 		topo.Partitions = 2
 	})
 	q1 := topo.PartitionQueue(1)
@@ -110,7 +112,7 @@ func TestACancelledPartitionIsConsumedAgain(t *testing.T) {
 	require.NoError(t, r.ch.PublishWithContext(context.Background(), "", q1, false, false, amqpPublishing("e_p1")))
 	require.Eventually(t, func() bool { return applied.Load() == 1 }, 30*time.Second, 10*time.Millisecond,
 		"the partition was not consumed again")
-	require.Positive(t, r.stats[consumer.CounterReconnect].Load(), "the session did not end")
+	require.Positive(t, r.stats[wire.CounterReconnect].Load(), "the session did not end")
 }
 
 // queueExists reports whether queue q exists, on a channel of its own (a

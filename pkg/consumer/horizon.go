@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemhq/idem/internal/wire"
 )
 
 // checkTime applies the replay horizon early, when a delivery is decoded, to
@@ -18,12 +20,12 @@ func (c *Consumer[T]) checkTime(t, now time.Time) (string, error) {
 	if t.IsZero() {
 		switch {
 		case cfg.Untimed == UntimedReject:
-			return ReasonMissingTime, errors.New("the event has no time (no time in its payload and no AMQP timestamp), and consumer.untimed is reject")
+			return wire.ReasonMissingTime, errors.New("the event has no time (no time in its payload and no AMQP timestamp), and consumer.untimed is reject")
 		case !cfg.NotBefore.IsZero():
-			return ReasonMissingTime, fmt.Errorf("the event has no time (no time in its payload and no AMQP timestamp), and dedup rows were pruned through %s, so it cannot be told from a replay",
+			return wire.ReasonMissingTime, fmt.Errorf("the event has no time (no time in its payload and no AMQP timestamp), and dedup rows were pruned through %s, so it cannot be told from a replay",
 				cfg.NotBefore.UTC().Format(time.RFC3339))
 		}
-		cfg.Observer.Count(CounterUntimedAccepted, 1)
+		cfg.Observer.Count(wire.CounterUntimedAccepted, 1)
 		return "", nil
 	}
 	if cfg.Retention <= 0 {
@@ -31,12 +33,12 @@ func (c *Consumer[T]) checkTime(t, now time.Time) (string, error) {
 	}
 	switch {
 	case t.After(now.Add(cfg.ClockSkew)):
-		return ReasonFutureTimestamp, fmt.Errorf("event time %s is %s ahead of this consumer's clock (clock_skew %s)",
+		return wire.ReasonFutureTimestamp, fmt.Errorf("event time %s is %s ahead of this consumer's clock (clock_skew %s)",
 			t.UTC().Format(time.RFC3339), t.Sub(now).Round(time.Second), cfg.ClockSkew)
 	case now.Sub(t) >= cfg.Retention:
-		return ReasonBeyondRetention, fmt.Errorf("event time %s is older than the %s retention", t.UTC().Format(time.RFC3339), cfg.Retention)
+		return wire.ReasonBeyondRetention, fmt.Errorf("event time %s is older than the %s retention", t.UTC().Format(time.RFC3339), cfg.Retention)
 	case !cfg.NotBefore.IsZero() && t.Before(cfg.NotBefore):
-		return ReasonBeyondRetention, fmt.Errorf("event time %s is before %s, where dedup rows were pruned", t.UTC().Format(time.RFC3339), cfg.NotBefore.UTC().Format(time.RFC3339))
+		return wire.ReasonBeyondRetention, fmt.Errorf("event time %s is before %s, where dedup rows were pruned", t.UTC().Format(time.RFC3339), cfg.NotBefore.UTC().Format(time.RFC3339))
 	}
 	return "", nil
 }

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/wire"
 )
 
 func TestCheckTimeEnforcesTheHorizon(t *testing.T) {
@@ -19,17 +21,17 @@ func TestCheckTimeEnforcesTheHorizon(t *testing.T) {
 	}{
 		{"fresh", Config{Retention: 30 * day}, now.Add(-time.Hour), "", false},
 		{"just inside", Config{Retention: 30 * day}, now.Add(-30*day + time.Second), "", false},
-		{"at the horizon", Config{Retention: 30 * day}, now.Add(-30 * day), ReasonBeyondRetention, false},
-		{"a year old", Config{Retention: 30 * day}, now.Add(-365 * day), ReasonBeyondRetention, false},
-		{"a year ahead", Config{Retention: 30 * day}, now.Add(365 * day), ReasonFutureTimestamp, false},
+		{"at the horizon", Config{Retention: 30 * day}, now.Add(-30 * day), wire.ReasonBeyondRetention, false},
+		{"a year old", Config{Retention: 30 * day}, now.Add(-365 * day), wire.ReasonBeyondRetention, false},
+		{"a year ahead", Config{Retention: 30 * day}, now.Add(365 * day), wire.ReasonFutureTimestamp, false},
 		{"ahead within skew", Config{Retention: 30 * day}, now.Add(4 * time.Minute), "", false},
-		{"ahead past a custom skew", Config{Retention: 30 * day, ClockSkew: time.Second}, now.Add(2 * time.Second), ReasonFutureTimestamp, false},
+		{"ahead past a custom skew", Config{Retention: 30 * day, ClockSkew: time.Second}, now.Add(2 * time.Second), wire.ReasonFutureTimestamp, false},
 		{"untimed, default policy, nothing pruned", Config{Retention: 30 * day}, time.Time{}, "", true},
-		{"untimed, default policy, after a prune", Config{Retention: 30 * day, NotBefore: now.Add(-10 * day)}, time.Time{}, ReasonMissingTime, false},
-		{"untimed, rejected", Config{Retention: 30 * day, Untimed: UntimedReject}, time.Time{}, ReasonMissingTime, false},
-		{"before the last prune", Config{Retention: 30 * day, NotBefore: now.Add(-10 * day)}, now.Add(-11 * day), ReasonBeyondRetention, false},
+		{"untimed, default policy, after a prune", Config{Retention: 30 * day, NotBefore: now.Add(-10 * day)}, time.Time{}, wire.ReasonMissingTime, false},
+		{"untimed, rejected", Config{Retention: 30 * day, Untimed: UntimedReject}, time.Time{}, wire.ReasonMissingTime, false},
+		{"before the last prune", Config{Retention: 30 * day, NotBefore: now.Add(-10 * day)}, now.Add(-11 * day), wire.ReasonBeyondRetention, false},
 		{"after the last prune", Config{Retention: 30 * day, NotBefore: now.Add(-10 * day)}, now.Add(-9 * day), "", false},
-		{"retention by default", Config{}, now.Add(-31 * day), ReasonBeyondRetention, false},
+		{"retention by default", Config{}, now.Add(-31 * day), wire.ReasonBeyondRetention, false},
 		{"inside the default retention", Config{}, now.Add(-29 * day), "", false},
 	}
 	for _, c := range cases {
@@ -45,7 +47,7 @@ func TestCheckTimeEnforcesTheHorizon(t *testing.T) {
 			require.Equal(t, c.reason, reason)
 			require.Equal(t, c.reason != "", err != nil)
 			if c.counted {
-				require.Equal(t, []string{CounterUntimedAccepted}, counted.names)
+				require.Equal(t, []string{wire.CounterUntimedAccepted}, counted.names)
 			} else {
 				require.Empty(t, counted.names)
 			}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -51,38 +52,6 @@ type Settlement struct {
 	Received time.Time
 }
 
-// Counters passed to Observer.Count.
-const (
-	// CounterStoreRetry counts attempts retried in place because Postgres
-	// was unreachable (the delivery is held, its budget untouched).
-	CounterStoreRetry = "store_retries_in_place"
-	// CounterUntimedAccepted counts events without a time let through to
-	// the store under UntimedAuto (which still refuses them after a prune).
-	CounterUntimedAccepted = "untimed_accepted"
-	// CounterBatchSplit counts batches split in two because their
-	// transaction failed for a reason that may be one event's.
-	CounterBatchSplit = "batch_splits"
-	// CounterDeferred counts batches that set events aside for a moment
-	// because another consumer held their lease (see Config.BatchSize).
-	CounterDeferred = "deferrals"
-	// CounterPublishBlocked counts the times the broker blocked the
-	// publishing connection (a memory or disk alarm); Stats.Blocked says
-	// whether it is blocked now.
-	CounterPublishBlocked = "publish_blocked"
-	// CounterReconnect counts reconnections to RabbitMQ: a session that
-	// ended, or a dial that failed, and is tried again.
-	CounterReconnect = "reconnects"
-	// CounterDeadLetterReturned counts dead letters the broker returned
-	// unroutable (the dead-letter queue was missing); each was requeued.
-	CounterDeadLetterReturned = "dead_letters_returned"
-)
-
-// Counters lists every Counter*, for metrics that want a zero for each.
-func Counters() []string {
-	return []string{CounterStoreRetry, CounterUntimedAccepted, CounterBatchSplit, CounterDeferred,
-		CounterReconnect, CounterDeadLetterReturned, CounterPublishBlocked}
-}
-
 // Stats is a consumer's state at one moment.
 type Stats struct {
 	// Consuming is whether a session with the broker is consuming now.
@@ -117,7 +86,7 @@ func (nopObserver) Gathered(int)                        {}
 func (w *worker[T]) settled(ctx context.Context, it item[T], o guard.Outcome, reason string, err error) {
 	c := w.c
 	s := Settlement{
-		Message:   MessageOf(it.d),
+		Message:   messageOf(it.d),
 		EventID:   it.ev.ID,
 		Scope:     c.guard.Scope(),
 		Outcome:   o,
@@ -133,7 +102,7 @@ func (w *worker[T]) settled(ctx context.Context, it item[T], o guard.Outcome, re
 	switch o {
 	case guard.OutcomeRetry:
 		level, msg = slog.LevelWarn, "requeued"
-		if reason == RequeueShutdown {
+		if reason == wire.RequeueShutdown {
 			// Expected on every drain that outlasts in-flight work.
 			level, err = slog.LevelInfo, nil
 		}

@@ -16,7 +16,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/broker"
+	"github.com/idemhq/idem/internal/fastkey"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/pgtier"
@@ -84,7 +87,7 @@ func startRigWith[T any](t *testing.T, h consumer.Handler[T], fast guard.FastPat
 	for _, o := range guard.Outcomes() {
 		r.stats[o.String()] = &atomic.Int64{}
 	}
-	for _, name := range consumer.Counters() {
+	for _, name := range wire.Counters() {
 		r.stats[name] = &atomic.Int64{}
 	}
 	g, err := guard.New(guard.Config{Scope: "svc", Store: pgtier.New(pool), Fast: fast})
@@ -105,7 +108,9 @@ func startRigWith[T any](t *testing.T, h consumer.Handler[T], fast guard.FastPat
 	t.Cleanup(func() { conn.Close() })
 	r.ch, err = conn.Channel()
 	require.NoError(t, err)
-	require.NoError(t, c.Topology().Declare(r.ch))
+	topo := broker.TopologyFor(cfg.Queue, cfg.BrokerDeliveryLimit)
+	topo.Partitions = cfg.Partitions
+	require.NoError(t, topo.Declare(r.ch))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
@@ -156,15 +161,15 @@ func TestFailuresThatAreTheEventsOwnSpendItsBudget(t *testing.T) {
 			case <-ctx.Done():
 				return ctx.Err()
 			}
-		}, consumer.ReasonHandlerTimeout},
+		}, wire.ReasonHandlerTimeout},
 		{"query outlasting the timeout", func(ctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `SELECT pg_sleep(10)`)
 			return err
-		}, consumer.ReasonHandlerTimeout},
+		}, wire.ReasonHandlerTimeout},
 		{"failed statement swallowed, COMMIT rolls back", func(ctx context.Context, tx pgx.Tx) error {
 			_, _ = tx.Exec(ctx, `SELECT 1/0`) // the handler ignores the error; the tx is now aborted
 			return nil
-		}, consumer.ReasonCommitFailed},
+		}, wire.ReasonCommitFailed},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -176,8 +181,8 @@ func TestFailuresThatAreTheEventsOwnSpendItsBudget(t *testing.T) {
 			}}, func(cfg *consumer.Config) { cfg.HandlerTimeout = time.Second })
 			r.publish("evt_1", "x")
 			d := r.deadLetter()
-			require.Equal(t, c.reason, d.Headers[consumer.HeaderReason])
-			require.Equal(t, int64(2), d.Headers[consumer.HeaderDeliveryCount])
+			require.Equal(t, c.reason, d.Headers[wire.HeaderReason])
+			require.Equal(t, int64(2), d.Headers[wire.HeaderDeliveryCount])
 			require.Equal(t, int64(2), attempts.Load(), "one attempt per delivery, DeliveryLimit deliveries")
 			var rows int
 			require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*) FROM idem_processed`).Scan(&rows))
@@ -206,7 +211,7 @@ func TestDecodeSeesTheMessageID(t *testing.T) {
 	require.Equal(t, int64(2), applied.Load())
 	r.publish("msg-1", "other body")
 	d := r.deadLetter()
-	require.Equal(t, consumer.ReasonPayloadConflict, d.Headers[consumer.HeaderReason])
+	require.Equal(t, wire.ReasonPayloadConflict, d.Headers[wire.HeaderReason])
 }
 
 // batchHandler fails any batch that holds a "poison" body, as a set-based
@@ -245,13 +250,13 @@ func TestOneBadEventNeverSinksItsBatch(t *testing.T) {
 	}
 	d := r.deadLetter()
 	require.Equal(t, "evt_poison", d.MessageId)
-	require.Equal(t, consumer.ReasonHandlerFailed, d.Headers[consumer.HeaderReason])
+	require.Equal(t, wire.ReasonHandlerFailed, d.Headers[wire.HeaderReason])
 	require.Eventually(t, func() bool { return r.stats["processed"].Load() == 15 }, 30*time.Second, 10*time.Millisecond)
 	var rows, distinct int
 	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT event_id) FROM ledger`).Scan(&rows, &distinct))
 	require.Equal(t, 15, rows)
 	require.Equal(t, 15, distinct)
-	require.Positive(t, r.stats[consumer.CounterBatchSplit].Load())
+	require.Positive(t, r.stats[wire.CounterBatchSplit].Load())
 }
 
 // TestLeasedEventsAreDeferredNeitherDroppedNorDoubled: events whose Redis
@@ -264,7 +269,7 @@ func TestLeasedEventsAreDeferredNeitherDroppedNorDoubled(t *testing.T) {
 	fast, err := redistier.New(rdb, redistier.Config{Prefix: prefix})
 	require.NoError(t, err)
 	for i := range 10 {
-		require.NoError(t, rdb.Set(context.Background(), fast.Key("svc", fmt.Sprintf("evt_l%d", i)), "pending:ghost", time.Minute).Err())
+		require.NoError(t, rdb.Set(context.Background(), fastkey.Key(prefix, "svc", fmt.Sprintf("evt_l%d", i)), "pending:ghost", time.Minute).Err())
 	}
 	r := startRigWith(t, batchHandler{}, fast, func(cfg *consumer.Config) {
 		cfg.Prefetch, cfg.BatchSize, cfg.BatchLinger = 64, 16, 20*time.Millisecond
@@ -292,5 +297,5 @@ func TestLeasedEventsAreDeferredNeitherDroppedNorDoubled(t *testing.T) {
 	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT event_id) FROM ledger`).Scan(&rows, &distinct))
 	require.Equal(t, 30, rows)
 	require.Equal(t, 30, distinct)
-	require.Positive(t, r.stats[consumer.CounterDeferred].Load())
+	require.Positive(t, r.stats[wire.CounterDeferred].Load())
 }

@@ -8,6 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -204,7 +205,7 @@ func (w *worker[T]) screenShard(ctx context.Context, items []item[T]) (screened[
 	}
 	if len(later) > 0 {
 		b.Defer(later)
-		w.c.cfg.Observer.Count(CounterDeferred, 1)
+		w.c.cfg.Observer.Count(wire.CounterDeferred, 1)
 	}
 	settled := b.Screened()
 	if len(settled)+len(s.deferred) < len(items) {

@@ -13,36 +13,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/step"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/guard"
-)
-
-// Headers set on dead-lettered messages.
-const (
-	HeaderReason        = "x-idem-reason"
-	HeaderError         = "x-idem-error"
-	HeaderQueue         = "x-idem-queue"
-	HeaderDeliveryCount = "x-idem-delivery-count"
-	// HeaderDeadLetteredAt is when the consumer dead-lettered the message.
-	HeaderDeadLetteredAt = "x-idem-dead-lettered-at"
-	// HeaderEventID is the event ID the handler's Decode read, whenever it
-	// got that far: the tools find a dead letter by it, whatever the
-	// handler's body looks like.
-	HeaderEventID = "x-idem-event-id"
-	// HeaderPayloadHash is the event's payload hash (hex), when Decode
-	// returned one: for a payload conflict, what differs from the row.
-	HeaderPayloadHash = "x-idem-payload-hash"
-	// HeaderShardKey is the event's shard key, when it has one: the tools
-	// find the shard of its dedup row by it.
-	HeaderShardKey = "x-idem-shard-key"
 )
 
 // maxErrorHeader bounds the error text copied into a dead letter.
 const maxErrorHeader = 1024
-
-// HeaderDeadLetterID marks each dead letter so that a basic.return can be
-// matched to its publish.
-const HeaderDeadLetterID = "x-idem-dead-letter-id"
 
 // worker handles deliveries of one session.
 type worker[T any] struct {
@@ -89,17 +67,17 @@ type deadLetterer struct {
 // prepare decodes d, received at received, and checks its time. A delivery
 // that cannot be processed is dead-lettered here, and prepare reports false.
 func (w *worker[T]) prepare(ctx context.Context, d amqp.Delivery, received time.Time) (item[T], bool) {
-	ev, v, err := w.c.handler.Decode(MessageOf(d))
+	ev, v, err := w.c.handler.Decode(messageOf(d))
 	if err == nil {
 		err = ev.Validate()
 		if err != nil {
-			err = Reject(ReasonInvalidEvent, err)
+			err = Reject(wire.ReasonInvalidEvent, err)
 		}
 	}
 	if err != nil {
 		reason, ok := rejectReason(err)
 		if !ok {
-			reason = ReasonDecode
+			reason = wire.ReasonDecode
 		}
 		// The ID, if Decode got that far, names the event in logs and in
 		// the dead letter's headers.
@@ -137,7 +115,7 @@ func (w *worker[T]) handleOne(ctx context.Context, it item[T], h *hold) {
 		}
 		if ctx.Err() != nil {
 			// Drain timeout: the tx was rolled back; the broker redelivers.
-			w.requeue(ctx, it, RequeueShutdown, err)
+			w.requeue(ctx, it, wire.RequeueShutdown, err)
 			return
 		}
 		verdict, reason := classify(err, timedOut)
@@ -153,11 +131,11 @@ func (w *worker[T]) handleOne(ctx context.Context, it item[T], h *hold) {
 			}
 			// Not the event's fault: hold the delivery and retry in place
 			// without spending its budget. Nothing is acked meanwhile.
-			cfg.Observer.Count(CounterStoreRetry, 1)
+			cfg.Observer.Count(wire.CounterStoreRetry, 1)
 			delay := cfg.RetryBackoff.Delay(wait)
 			cfg.Logger.Warn("store unavailable, retrying in place", "event_id", ev.ID, "reason", reason, "attempt", attempt, "err", err, "delay", delay)
 			if !sleep(w.stop, delay) {
-				w.requeue(ctx, it, RequeueShutdown, err)
+				w.requeue(ctx, it, wire.RequeueShutdown, err)
 				return
 			}
 			continue
@@ -173,7 +151,7 @@ func (w *worker[T]) handleOne(ctx context.Context, it item[T], h *hold) {
 			// Retry in place, holding the key: handed back to the queue,
 			// the event would come after the ones behind it.
 			if !sleep(w.stop, delay) {
-				w.requeue(ctx, it, RequeueShutdown, err)
+				w.requeue(ctx, it, wire.RequeueShutdown, err)
 				return
 			}
 			attempt++
@@ -185,9 +163,9 @@ func (w *worker[T]) handleOne(ctx context.Context, it item[T], h *hold) {
 	}
 }
 
-// MessageOf is what a Handler's Decode sees of d. Tools that read
+// messageOf is what a Handler's Decode sees of d. Tools that read
 // deliveries themselves (the dead-letter queue, say) decode them with it.
-func MessageOf(d amqp.Delivery) Message {
+func messageOf(d amqp.Delivery) Message {
 	return Message{ID: d.MessageId, Timestamp: d.Timestamp, ContentType: d.ContentType, Headers: d.Headers, Body: d.Body}
 }
 
@@ -231,21 +209,21 @@ func (w *worker[T]) deadLetter(ctx context.Context, it item[T], reason string, c
 	}
 	// The broker's count of this delivery is not the replay's: a message
 	// replayed from the DLQ starts with a fresh budget. Ours is kept for
-	// diagnosis in HeaderDeliveryCount.
+	// diagnosis in "x-idem-delivery-count".
 	delete(headers, "x-delivery-count")
-	headers[HeaderReason] = reason
-	headers[HeaderError] = msg
-	headers[HeaderQueue] = cmp.Or(w.queueOf[d.ConsumerTag], cfg.Queue)
-	headers[HeaderDeliveryCount] = int64(deliveryCount(d) + 1)
-	headers[HeaderDeadLetteredAt] = time.Now().UTC()
+	headers[wire.HeaderReason] = reason
+	headers[wire.HeaderError] = msg
+	headers[wire.HeaderQueue] = cmp.Or(w.queueOf[d.ConsumerTag], cfg.Queue)
+	headers[wire.HeaderDeliveryCount] = int64(deliveryCount(d) + 1)
+	headers[wire.HeaderDeadLetteredAt] = time.Now().UTC()
 	if guard.ValidateID(it.ev.ID) == nil {
-		headers[HeaderEventID] = it.ev.ID
+		headers[wire.HeaderEventID] = it.ev.ID
 	}
 	if len(it.ev.Hash) > 0 {
-		headers[HeaderPayloadHash] = hex.EncodeToString(it.ev.Hash)
+		headers[wire.HeaderPayloadHash] = hex.EncodeToString(it.ev.Hash)
 	}
 	if it.ev.ShardKey != "" {
-		headers[HeaderShardKey] = it.ev.ShardKey
+		headers[wire.HeaderShardKey] = it.ev.ShardKey
 	}
 	w.letters <- letter[T]{it: it, reason: reason, cause: cause, p: amqp.Publishing{
 		Headers:      headers,
@@ -285,10 +263,10 @@ func (w *worker[T]) sendLetter(ctx context.Context, l letter[T]) {
 		select {
 		case <-cleared:
 		case <-hold.C:
-			w.requeue(ctx, it, RequeuePublishBlocked, fmt.Errorf("the broker blocked publishing for store_hold (%s): %s", cfg.StoreHold, why))
+			w.requeue(ctx, it, wire.RequeuePublishBlocked, fmt.Errorf("the broker blocked publishing for store_hold (%s): %s", cfg.StoreHold, why))
 			return
 		case <-w.stop.Done():
-			w.requeue(ctx, it, RequeueShutdown, cause)
+			w.requeue(ctx, it, wire.RequeueShutdown, cause)
 			return
 		}
 	}
@@ -296,16 +274,16 @@ func (w *worker[T]) sendLetter(ctx context.Context, l letter[T]) {
 	switch {
 	case err != nil:
 		cfg.Logger.Error("dead-letter publish failed, requeueing", "event_id", it.ev.ID, "reason", reason, "err", err)
-		w.requeue(ctx, it, RequeueUnconfirmed, err)
+		w.requeue(ctx, it, wire.RequeueUnconfirmed, err)
 		return
 	case !routed:
 		cfg.Logger.Error("dead letter returned unroutable (dead-letter queue missing?): re-declaring it and requeueing",
 			"event_id", it.ev.ID, "reason", reason, "dead_letter_queue", w.c.topology.DeadLetterQueue)
-		cfg.Observer.Count(CounterDeadLetterReturned, 1)
+		cfg.Observer.Count(wire.CounterDeadLetterReturned, 1)
 		if err := w.dl.redeclare(w.c.topology); err != nil {
 			cfg.Logger.Error("re-declare dead-letter queue", "err", err)
 		}
-		w.requeue(ctx, it, RequeueUnroutable, cause)
+		w.requeue(ctx, it, wire.RequeueUnroutable, cause)
 		return
 	}
 	step.Reached(ctx, step.BeforeAck)
@@ -313,7 +291,7 @@ func (w *worker[T]) sendLetter(ctx context.Context, l letter[T]) {
 		cfg.Logger.Warn("ack failed", "event_id", it.ev.ID, "err", err, "outcome", guard.OutcomeDeadLettered.String())
 	}
 	outcome := guard.OutcomeDeadLettered
-	if reason == ReasonPayloadConflict {
+	if reason == wire.ReasonPayloadConflict {
 		outcome = guard.OutcomePayloadConflict
 	}
 	w.settled(ctx, it, outcome, reason, cause)
@@ -321,12 +299,12 @@ func (w *worker[T]) sendLetter(ctx context.Context, l letter[T]) {
 
 // publish sends p to t's dead-letter exchange, mandatory, and reports
 // whether the broker routed it to a queue and confirmed it.
-func (dl *deadLetterer) publish(ctx context.Context, timeout time.Duration, t Topology, p amqp.Publishing) (routed bool, err error) {
+func (dl *deadLetterer) publish(ctx context.Context, timeout time.Duration, t broker.Topology, p amqp.Publishing) (routed bool, err error) {
 	dl.mu.Lock()
 	defer dl.mu.Unlock()
 	dl.seq++
 	id := strconv.FormatUint(dl.seq, 10)
-	p.Headers[HeaderDeadLetterID] = id
+	p.Headers[wire.HeaderDeadLetterID] = id
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	dc, err := dl.pub.PublishWithDeferredConfirmWithContext(ctx, t.DeadLetterExchange, t.DeadLetterQueue, true, false, p)
@@ -346,7 +324,7 @@ func (dl *deadLetterer) publish(ctx context.Context, timeout time.Duration, t To
 	for {
 		select {
 		case r := <-dl.returns:
-			if r.Headers[HeaderDeadLetterID] == id {
+			if r.Headers[wire.HeaderDeadLetterID] == id {
 				return false, nil
 			}
 		default:
@@ -355,7 +333,7 @@ func (dl *deadLetterer) publish(ctx context.Context, timeout time.Duration, t To
 	}
 }
 
-func (dl *deadLetterer) redeclare(t Topology) error {
+func (dl *deadLetterer) redeclare(t broker.Topology) error {
 	dl.mu.Lock()
 	defer dl.mu.Unlock()
 	return t.Declare(dl.pub)

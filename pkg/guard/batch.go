@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/internal/step"
+	"github.com/idemhq/idem/internal/tier"
 )
 
 // Result is one event's outcome in ProcessBatch.
@@ -40,7 +41,7 @@ type BatchApplyFunc func(ctx context.Context, tx pgx.Tx, claimed []int) error
 // commits, or OutcomePayloadConflict if its payload differs. On error no
 // Result is final and nothing of the batch was committed (or, for a
 // *StoreError from commit, the outcome is unknown): running the batch again,
-// whole or split, is safe and decides it. A *HandlerError says apply failed
+// whole or split, is safe and decides it. An error that is not a *StoreError says apply failed
 // for the batch as a whole; split the batch to find the event that fails.
 func (g *Guard) ProcessBatch(ctx context.Context, events []Event, apply BatchApplyFunc) ([]Result, error) {
 	b, err := g.Screen(ctx, events)
@@ -56,10 +57,10 @@ type Batch struct {
 	events  []Event
 	first   []int // first[i]: the index of the first copy of events[i]'s ID
 	res     []Result
-	toStore []int         // events the fast tier did not settle
-	leases  map[int]Lease // the leases Screen took, by event index
-	leased  []int         // events another holder had a lease on
-	shard   int           // the shard every event maps to
+	toStore []int              // events the fast tier did not settle
+	leases  map[int]tier.Lease // the leases Screen took, by event index
+	leased  []int              // events another holder had a lease on
+	shard   int                // the shard every event maps to
 	// doneElsewhere marks events whose ID the fast tier knows as done
 	// with another payload.
 	doneElsewhere map[int]bool
@@ -107,7 +108,7 @@ func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 			return nil, err
 		}
 	}
-	b := &Batch{events: events, first: make([]int, len(events)), res: make([]Result, len(events)), leases: map[int]Lease{}}
+	b := &Batch{events: events, first: make([]int, len(events)), res: make([]Result, len(events)), leases: map[int]tier.Lease{}}
 	if len(events) > 0 {
 		b.shard = g.Shard(events[0])
 		for _, ev := range events[1:] {
@@ -142,28 +143,28 @@ func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 	began := time.Now()
 	answers := g.fast.Claim(ctx, g.scope, fastEvents)
 	g.obs.ObserveStage(ctx, StageFastClaim, len(fastEvents), time.Since(began), firstFault(answers))
-	byIndex := make(map[int]FastResult, len(uniq))
+	byIndex := make(map[int]tier.FastResult, len(uniq))
 	for k, i := range uniq {
 		a := answers[k]
 		byIndex[i] = a
 		switch {
-		case a.State == FastAcquired:
-			b.leases[i] = Lease{ID: events[i].ID, Token: a.Token}
-		case a.State == FastSkipped && a.Err != nil && k == 0:
+		case a.State == tier.FastAcquired:
+			b.leases[i] = tier.Lease{ID: events[i].ID, Token: a.Token}
+		case a.State == tier.FastSkipped && a.Err != nil && k == 0:
 			g.log.DebugContext(ctx, "fast tier skipped", "event_id", events[i].ID, "events", len(uniq), "err", a.Err)
 		}
 		step.Reached(ctx, step.FastClaimed)
 	}
 	for i, ev := range events {
 		a := byIndex[b.first[i]]
-		if a.State == FastDone && bytes.Equal(a.Hash, ev.Hash) {
+		if a.State == tier.FastDone && bytes.Equal(a.Hash, ev.Hash) {
 			b.res[i] = Result{Outcome: OutcomeDuplicateRedis}
 			continue
 		}
-		if a.State == FastPending {
+		if a.State == tier.FastPending {
 			b.leased = append(b.leased, i)
 		}
-		if a.State == FastDone {
+		if a.State == tier.FastDone {
 			if b.doneElsewhere == nil {
 				b.doneElsewhere = map[int]bool{}
 			}
@@ -188,7 +189,7 @@ func (g *Guard) Decide(ctx context.Context, b *Batch, apply BatchApplyFunc) ([]R
 		g.release(ctx, leaseList(b.leases))
 		return nil, err
 	}
-	var release []Lease
+	var release []tier.Lease
 	var done []Event
 	for _, i := range b.toStore {
 		if b.first[i] != i {
@@ -237,11 +238,11 @@ func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, i
 	if len(g.stores) == 1 {
 		named = -1
 	}
-	storeErr := func(op string, err error) *StoreError { return &StoreError{Op: op, Err: err, Shard: named} }
+	storeErr := func(op StoreOp, err error) *StoreError { return &StoreError{Op: op, Err: err, Shard: named} }
 	began := time.Now()
 	tx, err := store.Begin(ctx)
 	if err != nil {
-		err = storeErr("begin", err)
+		err = storeErr(StoreBegin, err)
 		g.obs.ObserveStage(ctx, StageStoreClaim, len(reps), time.Since(began), err)
 		return err
 	}
@@ -249,7 +250,7 @@ func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, i
 
 	claims, err := g.claim(ctx, store, tx, events, reps)
 	if err != nil {
-		err = storeErr("claim", err)
+		err = storeErr(StoreClaim, err)
 	}
 	g.obs.ObserveStage(ctx, StageStoreClaim, len(reps), time.Since(began), err)
 	if err != nil {
@@ -258,7 +259,7 @@ func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, i
 	var claimed, unknown []int
 	for _, i := range reps {
 		res[i] = claimResult(claims[i])
-		if claims[i] == ClaimInserted {
+		if claims[i] == tier.ClaimInserted {
 			claimed = append(claimed, i)
 		}
 	}
@@ -268,11 +269,11 @@ func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, i
 		switch {
 		case claims[r].Refused():
 			res[i] = claimResult(claims[r]) // no row to compare with: refused alike
-		case claims[r] == ClaimInserted && same:
+		case claims[r] == tier.ClaimInserted && same:
 			res[i] = Result{Outcome: OutcomeDuplicateBatch}
-		case claims[r] == ClaimDuplicate && same:
+		case claims[r] == tier.ClaimDuplicate && same:
 			res[i] = Result{Outcome: OutcomeDuplicatePostgres}
-		case claims[r] != ClaimConflict || same:
+		case claims[r] != tier.ClaimConflict || same:
 			// Either the row holds the first copy's hash and this copy
 			// differs from it, or this copy shares the first copy's
 			// hash, which the row does not hold.
@@ -284,7 +285,7 @@ func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, i
 	if len(unknown) > 0 {
 		more, err := g.claim(ctx, store, tx, events, unknown)
 		if err != nil {
-			return storeErr("claim", err)
+			return storeErr(StoreClaim, err)
 		}
 		for _, i := range unknown {
 			res[i] = claimResult(more[i])
@@ -302,7 +303,7 @@ func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, i
 	err = apply(ctx, tx, claimed)
 	g.obs.ObserveStage(ctx, StageApply, len(claimed), time.Since(began), err)
 	if err != nil {
-		return &HandlerError{Err: err}
+		return fmt.Errorf("apply: %w", err)
 	}
 	for range claimed {
 		step.Reached(ctx, step.Applied)
@@ -312,7 +313,7 @@ func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, i
 	err = tx.Commit(ctx)
 	g.obs.ObserveStage(ctx, StageCommit, len(claimed), time.Since(began), err)
 	if err != nil {
-		return storeErr("commit", err)
+		return storeErr(StoreCommit, err)
 	}
 	for _, i := range claimed {
 		res[i] = Result{Outcome: OutcomeProcessed}
@@ -329,7 +330,7 @@ func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, i
 // claim claims the dedup rows of the events at idx (distinct IDs) in event
 // ID order, so that two batches lock shared rows in one order, and returns
 // the store's answer by event index.
-func (g *Guard) claim(ctx context.Context, store Store, tx pgx.Tx, events []Event, idx []int) (map[int]ClaimResult, error) {
+func (g *Guard) claim(ctx context.Context, store Store, tx pgx.Tx, events []Event, idx []int) (map[int]tier.ClaimResult, error) {
 	order := slices.Clone(idx)
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(events[a].ID, events[b].ID) })
 	batch := make([]Event, len(order))
@@ -340,7 +341,7 @@ func (g *Guard) claim(ctx context.Context, store Store, tx pgx.Tx, events []Even
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[int]ClaimResult, len(order))
+	out := make(map[int]tier.ClaimResult, len(order))
 	for k, i := range order {
 		out[i] = claims[k]
 	}
@@ -348,21 +349,21 @@ func (g *Guard) claim(ctx context.Context, store Store, tx pgx.Tx, events []Even
 }
 
 // claimResult is the outcome a store answer gives an event, before commit.
-func claimResult(c ClaimResult) Result {
+func claimResult(c tier.ClaimResult) Result {
 	switch c {
-	case ClaimDuplicate:
+	case tier.ClaimDuplicate:
 		return Result{Outcome: OutcomeDuplicatePostgres}
-	case ClaimConflict:
+	case tier.ClaimConflict:
 		return Result{Outcome: OutcomePayloadConflict, Err: ErrPayloadConflict}
 	}
 	if c.Refused() {
-		return Result{Outcome: OutcomeRefused, Err: c.Err()}
+		return Result{Outcome: OutcomeRefused, Err: refusal(c)}
 	}
 	return Result{} // inserted: processed once it commits
 }
 
 // firstFault is the first fault among the fast tier's answers, or nil.
-func firstFault(answers []FastResult) error {
+func firstFault(answers []tier.FastResult) error {
 	for _, a := range answers {
 		if a.Err != nil {
 			return a.Err
@@ -371,8 +372,8 @@ func firstFault(answers []FastResult) error {
 	return nil
 }
 
-func leaseList(m map[int]Lease) []Lease {
-	out := make([]Lease, 0, len(m))
+func leaseList(m map[int]tier.Lease) []tier.Lease {
+	out := make([]tier.Lease, 0, len(m))
 	for _, l := range m {
 		out = append(out, l)
 	}

@@ -97,8 +97,8 @@ func TestProcessBatchFailureCommitsNothingAndFreesItsLeases(t *testing.T) {
 		}
 		return boom
 	})
-	var he *guard.HandlerError
-	require.ErrorAs(t, err, &he)
+	var se *guard.StoreError
+	require.False(t, errors.As(err, &se), "apply's failure is not the store's")
 	require.ErrorIs(t, err, boom)
 	for _, ev := range batch {
 		require.Zero(t, f.ledgerRows(t, ev.ID))

@@ -38,7 +38,7 @@ var (
 // commit), as opposed to a failure of the handler. The event's outcome is
 // unknown to the caller until the store answers again; retrying is safe.
 type StoreError struct {
-	Op  string // "begin", "claim", "commit" or "lookup"
+	Op  StoreOp
 	Err error
 	// Shard is the shard's index, or -1 when the guard has one store.
 	Shard int
@@ -52,11 +52,16 @@ func (e *StoreError) Error() string {
 }
 func (e *StoreError) Unwrap() error { return e.Err }
 
-// HandlerError wraps an error returned by the handler. The transaction was
-// rolled back, so nothing of the event was applied.
-type HandlerError struct {
-	Err error
-}
+// StoreOp names the store call a StoreError comes from.
+type StoreOp string
 
-func (e *HandlerError) Error() string { return fmt.Sprintf("handler: %v", e.Err) }
-func (e *HandlerError) Unwrap() error { return e.Err }
+// The store calls.
+const (
+	// StoreBegin: no transaction began, so nothing of the events ran.
+	StoreBegin StoreOp = "begin"
+	// StoreClaim: inserting the dedup rows failed; the transaction rolled back.
+	StoreClaim StoreOp = "claim"
+	// StoreCommit: COMMIT failed, and whether it took effect is unknown
+	// until the store answers again.
+	StoreCommit StoreOp = "commit"
+)

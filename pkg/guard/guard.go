@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/partition"
 )
 
@@ -126,7 +127,7 @@ func (g *Guard) Flush(ctx context.Context) error { return g.markers.flush(ctx) }
 
 // release drops leases this call still holds, so that a retry does not wait
 // for them to expire.
-func (g *Guard) release(ctx context.Context, leases []Lease) {
+func (g *Guard) release(ctx context.Context, leases []tier.Lease) {
 	if len(leases) == 0 {
 		return
 	}

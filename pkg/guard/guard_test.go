@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemhq/idem/internal/step"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/pgtier"
 	"github.com/idemhq/idem/pkg/guard/redistier"
@@ -123,7 +124,7 @@ func TestOrphanedLeaseNeverLosesTheEvent(t *testing.T) {
 	f := newFixture(t)
 	ev := event("evt_1", 1)
 	r := f.fast.Claim(context.Background(), "payments", []guard.Event{ev})[0]
-	require.Equal(t, guard.FastAcquired, r.State) // ... and the claimant dies here
+	require.Equal(t, tier.FastAcquired, r.State) // ... and the claimant dies here
 	require.Equal(t, guard.OutcomeProcessed, f.process(t, ev))
 	require.Equal(t, 1, f.ledgerRows(t, ev.ID))
 }
@@ -140,14 +141,14 @@ func TestHandlerErrorRollsBackAndReleasesLease(t *testing.T) {
 		return boom
 	})
 	require.ErrorIs(t, err, boom)
-	var he *guard.HandlerError
-	require.ErrorAs(t, err, &he)
+	var se *guard.StoreError
+	require.False(t, errors.As(err, &se), "apply's failure is not the store's")
 	require.Equal(t, guard.OutcomeUnknown, o)
 	require.Equal(t, 0, f.ledgerRows(t, ev.ID), "the effect must roll back with the dedup row")
 	// Our lease was released, so the retry acquires at once.
 	r := f.fast.Claim(context.Background(), "payments", []guard.Event{ev})[0]
-	require.Equal(t, guard.FastAcquired, r.State)
-	require.NoError(t, f.fast.Release(context.Background(), "payments", []guard.Lease{{ID: ev.ID, Token: r.Token}}))
+	require.Equal(t, tier.FastAcquired, r.State)
+	require.NoError(t, f.fast.Release(context.Background(), "payments", []tier.Lease{{ID: ev.ID, Token: r.Token}}))
 	require.Equal(t, guard.OutcomeProcessed, f.process(t, ev))
 	require.Equal(t, 1, f.ledgerRows(t, ev.ID))
 }

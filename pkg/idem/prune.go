@@ -5,7 +5,9 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/idemhq/idem/pkg/guard/pgtier"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/internal/horizon"
 )
 
 // pruneBatch is the rows each of pruneEvery's DELETEs removes.
@@ -14,7 +16,7 @@ const pruneBatch = 10000
 // pruneEvery deletes rows beyond the retention every interval until ctx
 // ends. Every instance of a fleet may run it: prunes serialise on
 // idem_horizon and delete disjoint rows.
-func (s *Service[T]) pruneEvery(ctx context.Context, every time.Duration, st *pgtier.Store, log *slog.Logger) {
+func (s *Service[T]) pruneEvery(ctx context.Context, every time.Duration, db *pgxpool.Pool, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -23,7 +25,7 @@ func (s *Service[T]) pruneEvery(ctx context.Context, every time.Duration, st *pg
 			return
 		case <-t.C:
 		}
-		n, cutoff, err := st.Prune(ctx, pgtier.PruneConfig{
+		n, cutoff, err := horizon.Prune(ctx, db, horizon.PruneConfig{
 			Retention: s.cfg.Consumer.Retention, ClockSkew: s.cfg.Consumer.ClockSkew, Batch: pruneBatch})
 		if s.metrics != nil {
 			s.metrics.Pruned(n)

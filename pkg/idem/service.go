@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemhq/idem/internal/horizon"
+	"github.com/idemhq/idem/internal/layout"
 	"github.com/idemhq/idem/migrations"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
@@ -194,8 +196,8 @@ func (s *Service[T]) Run(ctx context.Context) error {
 	if every := s.cfg.PruneInterval; every > 0 {
 		pctx, stop := context.WithCancel(ctx)
 		defer func() { stop(); pruning.Wait() }()
-		for i, st := range s.stores {
-			pruning.Go(func() { s.pruneEvery(pctx, every, st, s.log.With("shard", i)) })
+		for i, db := range s.dbs {
+			pruning.Go(func() { s.pruneEvery(pctx, every, db, s.log.With("shard", i)) })
 		}
 	}
 	err = c.Run(ctx)
@@ -211,7 +213,6 @@ func (s *Service[T]) Run(ctx context.Context) error {
 func (s *Service[T]) startUp(ctx context.Context) (notBefore time.Time, former int, err error) {
 	cc := s.cfg.Consumer
 	for i, pool := range s.dbs {
-		st := s.stores[i]
 		what := func(w string) string {
 			if len(s.dbs) > 1 {
 				return fmt.Sprintf("%s on shard %d", w, i)
@@ -240,13 +241,13 @@ func (s *Service[T]) startUp(ctx context.Context) (notBefore time.Time, former i
 		}
 		// A shard must hold the keys the list routes to it.
 		if err := wait("checking the shard's place", func(ctx context.Context) error {
-			return st.CheckShard(ctx, i, len(s.dbs))
+			return layout.CheckShard(ctx, pool, i, len(s.dbs))
 		}); err != nil {
 			return notBefore, 0, err
 		}
 		// Publishers and consumers must split the stream alike.
 		if err := wait("checking the stream's partition count", func(ctx context.Context) error {
-			l, err := st.CheckPartitions(ctx, cc.Queue, max(cc.Partitions, 1))
+			l, err := layout.CheckPartitions(ctx, pool, cc.Queue, max(cc.Partitions, 1))
 			former = max(former, l.Previous)
 			return err
 		}); err != nil {
@@ -254,9 +255,9 @@ func (s *Service[T]) startUp(ctx context.Context) (notBefore time.Time, former i
 		}
 		// Record the retention and skew the claim enforces, so that prune
 		// cannot cut below them, and learn where an earlier prune cut.
-		var h pgtier.Horizon
+		var h horizon.Record
 		if err := wait("recording the retention in idem_horizon", func(ctx context.Context) (err error) {
-			h, err = st.EnforceRetention(ctx, cc.Retention, cc.ClockSkew)
+			h, err = horizon.Enforce(ctx, pool, cc.Retention, cc.ClockSkew)
 			return err
 		}); err != nil {
 			return notBefore, 0, err
@@ -301,9 +302,6 @@ func (s *Service[T]) Stats() consumer.Stats {
 	}
 	return consumer.Stats{Prefetch: s.cfg.Consumer.Prefetch}
 }
-
-// Metrics returns the service's metrics, nil without Config.Metrics.
-func (s *Service[T]) Metrics() *metrics.Metrics { return s.metrics }
 
 // observers tees the consumer's events to the metrics and the caller's
 // own observer.

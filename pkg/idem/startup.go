@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemhq/idem/internal/pgerr"
 	"github.com/idemhq/idem/pkg/consumer"
-	"github.com/idemhq/idem/pkg/guard/pgtier"
 )
 
 // waitPostgres runs fn (what names it in logs) until it succeeds. While
@@ -29,7 +29,7 @@ func waitPostgres(ctx context.Context, timeout time.Duration, what string, log *
 			return nil
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case !timedOut && !pgtier.IsTransient(err):
+		case !timedOut && !pgerr.IsTransient(err):
 			return fmt.Errorf("%s failed, and retrying cannot fix it (check the database URL and the database): %w", what, err)
 		case time.Now().After(deadline):
 			return fmt.Errorf("PostgreSQL was not reachable within the start-up timeout (%s) for %s: %w", timeout, what, err)

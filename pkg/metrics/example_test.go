@@ -26,7 +26,7 @@ func Example() {
 	}
 	// guard.New(guard.Config{..., Observer: m})
 	// consumer.New(consumer.Config{..., Observer: m}, g, handler)
-	m.Settled(context.Background(), consumer.Settlement{Outcome: guard.OutcomePayloadConflict, Reason: consumer.ReasonPayloadConflict})
+	m.Settled(context.Background(), consumer.Settlement{Outcome: guard.OutcomePayloadConflict, Reason: "payload_conflict"})
 
 	families, _ := reg.Gather()
 	for _, f := range families {

@@ -19,9 +19,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemhq/idem/internal/redisfault"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
-	"github.com/idemhq/idem/pkg/guard/redistier"
 )
 
 var (
@@ -121,14 +122,14 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	// The series alerts read start at 0, so that increase() sees the first
 	// conflict or dead letter after a restart (a series born at 1 has no
 	// increase).
-	m.deliveries.WithLabelValues(guard.OutcomePayloadConflict.String(), consumer.ReasonPayloadConflict)
-	m.AddReasons(consumer.Reasons()...)
+	m.deliveries.WithLabelValues(guard.OutcomePayloadConflict.String(), wire.ReasonPayloadConflict)
+	m.AddReasons(wire.Reasons()...)
 	m.stages = map[guard.Stage]prometheus.Observer{}
 	for _, s := range guard.Stages() {
 		m.stages[s] = stages.WithLabelValues(string(s))
 	}
 	for _, op := range []guard.Stage{guard.StageFastClaim, guard.StageMarkDone, guard.StageRelease} {
-		for _, kind := range redistier.ErrorKinds() {
+		for _, kind := range redisfault.Kinds() {
 			m.redisErrors.WithLabelValues(string(op), kind)
 		}
 	}
@@ -136,7 +137,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.pgErrors.WithLabelValues(string(s))
 	}
 	m.counters = map[string]prometheus.Counter{}
-	for _, name := range consumer.Counters() {
+	for _, name := range wire.Counters() {
 		c := prometheus.NewCounter(prometheus.CounterOpts{Name: "idem_" + name + "_total", Help: counterHelp[name]})
 		m.counters[name] = c
 		collectors = append(collectors, c)
@@ -152,13 +153,13 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 var counterHelp = map[string]string{
-	consumer.CounterStoreRetry:         "Attempts retried in place because Postgres was unreachable (the delivery held, its budget untouched).",
-	consumer.CounterUntimedAccepted:    "Events without a time let through to the store (consumer.untimed: auto); it refuses them once rows were pruned.",
-	consumer.CounterBatchSplit:         "Batches split in two because their transaction failed for a reason that may be one event's.",
-	consumer.CounterDeferred:           "Batches that set events aside for a moment because another consumer held their Redis lease.",
-	consumer.CounterReconnect:          "Reconnections to RabbitMQ after a session ended or a dial failed.",
-	consumer.CounterDeadLetterReturned: "Dead letters the broker returned unroutable (dead-letter queue missing); each was requeued and the queue re-declared.",
-	consumer.CounterPublishBlocked:     "Times RabbitMQ blocked the consumer's publishing connection (a memory or disk alarm); dead letters wait meanwhile, acks go on.",
+	wire.CounterStoreRetry:         "Attempts retried in place because Postgres was unreachable (the delivery held, its budget untouched).",
+	wire.CounterUntimedAccepted:    "Events without a time let through to the store (consumer.untimed: auto); it refuses them once rows were pruned.",
+	wire.CounterBatchSplit:         "Batches split in two because their transaction failed for a reason that may be one event's.",
+	wire.CounterDeferred:           "Batches that set events aside for a moment because another consumer held their Redis lease.",
+	wire.CounterReconnect:          "Reconnections to RabbitMQ after a session ended or a dial failed.",
+	wire.CounterDeadLetterReturned: "Dead letters the broker returned unroutable (dead-letter queue missing); each was requeued and the queue re-declared.",
+	wire.CounterPublishBlocked:     "Times RabbitMQ blocked the consumer's publishing connection (a memory or disk alarm); dead letters wait meanwhile, acks go on.",
 }
 
 // AddReasons starts the dead-letter series of reasons at 0: the runtime's
@@ -181,7 +182,7 @@ func (m *Metrics) ObserveStage(_ context.Context, stage guard.Stage, _ int, took
 	}
 	switch stage {
 	case guard.StageFastClaim, guard.StageMarkDone, guard.StageRelease:
-		m.redisErrors.WithLabelValues(string(stage), redistier.ErrorKind(err)).Inc()
+		m.redisErrors.WithLabelValues(string(stage), redisfault.Kind(err)).Inc()
 	case guard.StageStoreClaim, guard.StageCommit:
 		if !errors.Is(err, context.Canceled) {
 			m.pgErrors.WithLabelValues(string(stage)).Inc()

@@ -10,6 +10,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/metrics"
@@ -24,9 +25,9 @@ func TestMetricsCountWhatTheObserversSee(t *testing.T) {
 	evTime := time.Now().Add(-2 * time.Second)
 	m.Settled(ctx, consumer.Settlement{Outcome: guard.OutcomeProcessed, EventTime: evTime})
 	m.Settled(ctx, consumer.Settlement{Outcome: guard.OutcomeDuplicateRedis, EventTime: evTime})
-	m.Settled(ctx, consumer.Settlement{Outcome: guard.OutcomePayloadConflict, Reason: consumer.ReasonPayloadConflict})
-	m.Settled(ctx, consumer.Settlement{Outcome: guard.OutcomeDeadLettered, Reason: consumer.ReasonDecode})
-	m.Settled(ctx, consumer.Settlement{Outcome: guard.OutcomeRetry, Reason: consumer.RequeueShutdown})
+	m.Settled(ctx, consumer.Settlement{Outcome: guard.OutcomePayloadConflict, Reason: wire.ReasonPayloadConflict})
+	m.Settled(ctx, consumer.Settlement{Outcome: guard.OutcomeDeadLettered, Reason: wire.ReasonDecode})
+	m.Settled(ctx, consumer.Settlement{Outcome: guard.OutcomeRetry, Reason: wire.RequeueShutdown})
 
 	require.Equal(t, 1.0, deliveries(t, reg, "processed", ""))
 	require.Equal(t, 1.0, deliveries(t, reg, "payload_conflict", "payload_conflict"))
@@ -48,7 +49,7 @@ func TestMetricsCountWhatTheObserversSee(t *testing.T) {
 	require.Equal(t, uint64(1), apply.GetSampleCount())
 	require.InDelta(t, 0.007, apply.GetSampleSum(), 1e-9)
 
-	m.Count(consumer.CounterStoreRetry, 3)
+	m.Count(wire.CounterStoreRetry, 3)
 	m.Gathered(200)
 	require.Equal(t, 3.0, value(t, reg, "idem_store_retries_in_place_total", nil))
 	require.Equal(t, 200.0, histogram(t, reg, "idem_batch_size", nil).GetSampleSum())

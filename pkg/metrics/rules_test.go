@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/metrics"
 )
@@ -58,7 +59,7 @@ func TestEverySeriesTheAlertsReadExistsFromStart(t *testing.T) {
 	require.GreaterOrEqual(t, alerts, 8)
 
 	require.Equal(t, 0.0, value(t, reg, "idem_deliveries_total", map[string]string{"outcome": "payload_conflict", "reason": "payload_conflict"}))
-	for _, r := range consumer.Reasons() {
+	for _, r := range wire.Reasons() {
 		require.Equal(t, 0.0, value(t, reg, "idem_dead_letters_total", map[string]string{"reason": r}), r)
 	}
 	m.AddReasons("invalid_json")

@@ -12,7 +12,7 @@ import (
 
 	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/internal/wire"
 )
 
 // TestADeadLetterNeverBlocksTheAcks: during a RabbitMQ memory alarm the
@@ -77,10 +77,10 @@ func TestADeadLetterNeverBlocksTheAcks(t *testing.T) {
 	ctl("set_vm_memory_high_watermark", "0.4")
 	letters := e.deadLetters(1)
 	require.Equal(t, "m_bad", letters[0].MessageId)
-	require.Equal(t, "invalid_json", letters[0].Headers[consumer.HeaderReason])
+	require.Equal(t, "invalid_json", letters[0].Headers[wire.HeaderReason])
 	stats := e.stopAll()
 	require.Equal(t, int64(n), stats["processed"], "%v", stats)
 	require.Equal(t, int64(1), stats["dead_lettered"], "%v", stats)
-	require.Positive(t, stats["count/"+consumer.CounterPublishBlocked], "%v", stats)
+	require.Positive(t, stats["count/"+wire.CounterPublishBlocked], "%v", stats)
 	require.Equal(t, 0, testenv.QueueDepth(t, e.amqpURL, e.queue))
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -59,14 +59,14 @@ func TestBadInputIsDeadLetteredWithAReason(t *testing.T) {
 		"m_negative": "invalid_field",
 		"m_fraction": "invalid_field",
 		"m_type":     "unknown_type",
-		"m_conflict": consumer.ReasonPayloadConflict,
-		"m_poison":   consumer.ReasonHandlerFailed,
-		"m_old":      consumer.ReasonBeyondRetention,
+		"m_conflict": wire.ReasonPayloadConflict,
+		"m_poison":   wire.ReasonHandlerFailed,
+		"m_old":      wire.ReasonBeyondRetention,
 		"m_binary":   "invalid_utf8",
 		// The second hardening round.
-		"m_future":    consumer.ReasonFutureTimestamp,
-		"m_notime":    consumer.ReasonMissingTime,
-		"m_oldinbody": consumer.ReasonBeyondRetention,
+		"m_future":    wire.ReasonFutureTimestamp,
+		"m_notime":    wire.ReasonMissingTime,
+		"m_oldinbody": wire.ReasonBeyondRetention,
 		"m_badutf8":   "invalid_utf8",
 		"m_surrogate": "invalid_utf8",
 		"m_dupkey":    "duplicate_key",
@@ -75,7 +75,7 @@ func TestBadInputIsDeadLetteredWithAReason(t *testing.T) {
 		"m_trailing":  "invalid_json",
 		"m_nul":       "nul_character",
 		"m_control":   "invalid_event_id",
-		"m_overflow":  consumer.ReasonNumericOverflow,
+		"m_overflow":  wire.ReasonNumericOverflow,
 		"m_badtime":   "invalid_field",
 	}
 	msgs := map[string]amqp.Publishing{
@@ -116,14 +116,14 @@ func TestBadInputIsDeadLetteredWithAReason(t *testing.T) {
 	letters := e.deadLetters(len(want))
 	got := map[string]string{}
 	for _, d := range letters {
-		reason, _ := d.Headers[consumer.HeaderReason].(string)
+		reason, _ := d.Headers[wire.HeaderReason].(string)
 		got[d.MessageId] = reason
-		require.NotEmpty(t, d.Headers[consumer.HeaderError], "dead letter %s carries no error text", d.MessageId)
+		require.NotEmpty(t, d.Headers[wire.HeaderError], "dead letter %s carries no error text", d.MessageId)
 		require.Equal(t, msgs[d.MessageId].Body, d.Body, "dead letter %s must keep the original body", d.MessageId)
-		require.Equal(t, e.queue, d.Headers[consumer.HeaderQueue])
+		require.Equal(t, e.queue, d.Headers[wire.HeaderQueue])
 		// Data errors are dead-lettered on the first attempt, not after N.
 		if id := d.MessageId; id == "m_overflow" || id == "m_nul" {
-			require.Equal(t, int64(1), d.Headers[consumer.HeaderDeliveryCount], id)
+			require.Equal(t, int64(1), d.Headers[wire.HeaderDeliveryCount], id)
 		}
 		// The event's time travels with its dead letter, for a replay.
 		switch ts := msgs[d.MessageId].Timestamp; {

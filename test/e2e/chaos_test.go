@@ -14,7 +14,7 @@ import (
 	"github.com/idemhq/idem/internal/chaos"
 	"github.com/idemhq/idem/internal/crashpoint"
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/internal/wire"
 )
 
 // runChaos runs `idem chaos` with args and a seed (IDEM_CHAOS_SEED replays
@@ -68,7 +68,7 @@ func TestChaosCI(t *testing.T) {
 	}
 	require.Positive(t, res.Breaker["closed->open"], "the Redis faults must have opened a breaker")
 	require.Positive(t, res.Outcomes["duplicate_postgres"], "Postgres must have caught duplicates")
-	require.Positive(t, res.Outcomes["count/"+consumer.CounterReconnect], "closed broker connections must show as reconnects")
+	require.Positive(t, res.Outcomes["count/"+wire.CounterReconnect], "closed broker connections must show as reconnects")
 	require.NotEmpty(t, res.Timeline)
 	html, err := os.ReadFile(filepath.Join(dir, "chaos.html"))
 	require.NoError(t, err)
@@ -94,5 +94,5 @@ func TestChaosClusterCI(t *testing.T) {
 		require.Positive(t, counts[k], "fault %s never injected", k)
 	}
 	require.Positive(t, res.Breaker["closed->open"], "the master's loss must have opened a breaker")
-	require.Positive(t, res.Outcomes["count/"+consumer.CounterReconnect], "the killed node's consumers must reconnect")
+	require.Positive(t, res.Outcomes["count/"+wire.CounterReconnect], "the killed node's consumers must reconnect")
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -122,7 +122,7 @@ func TestDeadLetterTools(t *testing.T) {
 	ch := e.channel()
 	require.NoError(t, ch.PublishWithContext(context.Background(), "", dlqName, false, false,
 		amqp.Publishing{Body: pay("evt_p", "user_poison", "7").Body, Timestamp: time.Now(), DeliveryMode: amqp.Persistent,
-			Headers: amqp.Table{consumer.HeaderEventID: "evt_p", consumer.HeaderReason: consumer.ReasonHandlerFailed}}))
+			Headers: amqp.Table{wire.HeaderEventID: "evt_p", wire.HeaderReason: wire.ReasonHandlerFailed}}))
 	waitDLQ(3)
 	out = ok("dlq", "replay", "--event", "evt_p")
 	require.Contains(t, out, "replayed 1 dead letters")

@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/guard/guardtest"
 )
 
@@ -75,22 +75,22 @@ func TestNothingIsRetriedInPlaceForever(t *testing.T) {
 	e.publishRaw(batch...)
 
 	want := map[string]string{
-		"m_slow_1": consumer.ReasonHandlerTimeout, "m_slow_2": consumer.ReasonHandlerTimeout,
-		"m_once_2": consumer.ReasonIntegrityViolation, "m_once_3": consumer.ReasonIntegrityViolation,
+		"m_slow_1": wire.ReasonHandlerTimeout, "m_slow_2": wire.ReasonHandlerTimeout,
+		"m_once_2": wire.ReasonIntegrityViolation, "m_once_3": wire.ReasonIntegrityViolation,
 	}
 	wantAttempts := map[string]int64{"m_slow_1": 2, "m_slow_2": 2, "m_once_2": 1, "m_once_3": 1}
 	got := map[string]string{}
 	for _, d := range e.deadLetters(len(want)) {
-		got[d.MessageId], _ = d.Headers[consumer.HeaderReason].(string)
-		require.Equal(t, wantAttempts[d.MessageId], d.Headers[consumer.HeaderDeliveryCount], d.MessageId)
+		got[d.MessageId], _ = d.Headers[wire.HeaderReason].(string)
+		require.Equal(t, wantAttempts[d.MessageId], d.Headers[wire.HeaderDeliveryCount], d.MessageId)
 	}
 	require.Equal(t, want, got)
 	require.Eventually(t, func() bool { return e.balance("user_good") == 20 }, 30*time.Second, 20*time.Millisecond)
 	require.Equal(t, int64(1), e.balance("user_once"))
 	require.Equal(t, int64(-1), e.balance("user_slow"))
 	stats := e.stopAll()
-	require.Zero(t, stats["count/"+consumer.CounterStoreRetry], "nothing here is the store's fault: %v", stats)
-	require.Equal(t, int64(2), stats["retry/"+consumer.ReasonHandlerTimeout], "%v", stats)
+	require.Zero(t, stats["count/"+wire.CounterStoreRetry], "nothing here is the store's fault: %v", stats)
+	require.Equal(t, int64(2), stats["retry/"+wire.ReasonHandlerTimeout], "%v", stats)
 }
 
 // TestPostgresOutageHoldsThenHandsBack: while Postgres is unreachable a
@@ -110,8 +110,8 @@ func TestPostgresOutageHoldsThenHandsBack(t *testing.T) {
 	e.pool.Reset() // its connections died with the server
 	e.waitRows(1)
 	stats := e.stopAll()
-	require.Positive(t, stats["count/"+consumer.CounterStoreRetry], "%v", stats)
-	require.Positive(t, stats["retry/"+consumer.RequeueStoreUnavailable], "%v", stats)
+	require.Positive(t, stats["count/"+wire.CounterStoreRetry], "%v", stats)
+	require.Positive(t, stats["retry/"+wire.RequeueStoreUnavailable], "%v", stats)
 	require.Zero(t, stats["dead_lettered"], "%v", stats)
 	require.Equal(t, int64(5), e.balance("user_1"))
 }
@@ -153,10 +153,10 @@ func TestReplayHorizonCannotBeBypassed(t *testing.T) {
 	e.publishRaw(noTime, future, oldBody)
 	got := map[string]string{}
 	for _, d := range e.deadLetters(3) {
-		got[d.MessageId], _ = d.Headers[consumer.HeaderReason].(string)
+		got[d.MessageId], _ = d.Headers[wire.HeaderReason].(string)
 	}
 	require.Equal(t, map[string]string{
-		"m_notime": consumer.ReasonMissingTime, "m_future": consumer.ReasonFutureTimestamp, "m_oldbody": consumer.ReasonBeyondRetention,
+		"m_notime": wire.ReasonMissingTime, "m_future": wire.ReasonFutureTimestamp, "m_oldbody": wire.ReasonBeyondRetention,
 	}, got)
 	require.Equal(t, int64(100), e.balance("user_h"), "a replay past the horizon was applied again")
 	require.Equal(t, 1, e.ledgerRows())
@@ -190,10 +190,10 @@ func TestDeadLetterIsNeverLost(t *testing.T) {
 		30*time.Second, 20*time.Millisecond, "the dead letter never reached a re-declared DLQ")
 	letters := e.deadLetters(1)
 	require.Equal(t, "m_bad", letters[0].MessageId)
-	require.Equal(t, "invalid_json", letters[0].Headers[consumer.HeaderReason])
+	require.Equal(t, "invalid_json", letters[0].Headers[wire.HeaderReason])
 	stats := e.stopAll()
-	require.Positive(t, stats["retry/"+consumer.RequeueUnroutable], "the dead letter was never returned: %v", stats)
-	require.Equal(t, stats["retry/"+consumer.RequeueUnroutable], stats["count/"+consumer.CounterDeadLetterReturned], "%v", stats)
+	require.Positive(t, stats["retry/"+wire.RequeueUnroutable], "the dead letter was never returned: %v", stats)
+	require.Equal(t, stats["retry/"+wire.RequeueUnroutable], stats["count/"+wire.CounterDeadLetterReturned], "%v", stats)
 	require.Equal(t, int64(1), stats["dead_lettered"], "%v", stats)
 }
 
@@ -210,15 +210,15 @@ func TestBrokerCountersAreTheBrokers(t *testing.T) {
 	forged.Headers = amqp.Table{"x-delivery-count": int64(7), "x-trace": "abc"}
 	e.publishRaw(forged)
 	d := e.deadLetters(1)[0]
-	require.Equal(t, consumer.ReasonHandlerFailed, d.Headers[consumer.HeaderReason])
-	require.Equal(t, int64(3), d.Headers[consumer.HeaderDeliveryCount], "a forged header spent the budget")
+	require.Equal(t, wire.ReasonHandlerFailed, d.Headers[wire.HeaderReason])
+	require.Equal(t, int64(3), d.Headers[wire.HeaderDeliveryCount], "a forged header spent the budget")
 	require.Equal(t, "abc", d.Headers["x-trace"], "dead letters keep the producer's headers")
 
 	replay := amqp.Publishing{Headers: d.Headers, Body: d.Body, MessageId: "m_replay", Timestamp: d.Timestamp}
 	e.publishRaw(replay)
 	again := e.deadLetters(1)[0]
 	require.Equal(t, "m_replay", again.MessageId)
-	require.Equal(t, int64(3), again.Headers[consumer.HeaderDeliveryCount], "a replay starts with a fresh budget")
+	require.Equal(t, int64(3), again.Headers[wire.HeaderDeliveryCount], "a replay starts with a fresh budget")
 }
 
 // TestOddEventIDsEndToEnd: IDs real producers send (slashes, pipes, braces,

@@ -18,13 +18,13 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/crashpoint"
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/loadgen"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/verify"
-	"github.com/idemhq/idem/pkg/consumer"
 )
 
 var idemBin string
@@ -294,7 +294,7 @@ var untimed = time.Unix(1, 0)
 func (e *env) publishRaw(msgs ...amqp.Publishing) {
 	e.t.Helper()
 	ch := e.channel()
-	require.NoError(e.t, consumer.TopologyFor(e.queue, e.brokerLimit).Declare(ch))
+	require.NoError(e.t, broker.TopologyFor(e.queue, e.brokerLimit).Declare(ch))
 	require.NoError(e.t, ch.Confirm(false))
 	for _, m := range msgs {
 		m.DeliveryMode = amqp.Persistent

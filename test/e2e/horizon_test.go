@@ -5,7 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/internal/wire"
 )
 
 // TestUntimedEventsByDefault: the seed's own event carries no time, and most
@@ -44,7 +44,7 @@ func TestUntimedEventsByDefault(t *testing.T) {
 	e.publishRaw(fresh, third, timed)
 	letters := e.deadLetters(1)
 	require.Equal(t, "m_new_untimed", letters[0].MessageId)
-	require.Equal(t, consumer.ReasonMissingTime, letters[0].Headers[consumer.HeaderReason])
+	require.Equal(t, wire.ReasonMissingTime, letters[0].Headers[wire.HeaderReason])
 	e.waitRows(2)
 
 	stats := e.stopAll()

@@ -11,13 +11,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/loadgen"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/verify"
-	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/partition"
 )
 
@@ -112,7 +112,7 @@ func (c *clusterEnv) queued() (work, dead int) {
 		if !n.Running() {
 			continue
 		}
-		for _, q := range (consumer.Topology{Queue: c.queue, Partitions: c.partitions}).Queues() {
+		for _, q := range (broker.Topology{Queue: c.queue, Partitions: c.partitions}).Queues() {
 			k, err := sandbox.ReadyMessages(n.URL(), q)
 			require.NoError(c.t, err)
 			work += k

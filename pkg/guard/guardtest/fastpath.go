@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -49,7 +50,7 @@ func uniqueID() string {
 	return "evt_" + hex.EncodeToString(b[:])
 }
 
-func claim1(t *testing.T, f guard.FastPath, scope string, e guard.Event) guard.FastResult {
+func claim1(t *testing.T, f guard.FastPath, scope string, e guard.Event) tier.FastResult {
 	t.Helper()
 	r := f.Claim(context.Background(), scope, []guard.Event{e})
 	require.Len(t, r, 1)
@@ -59,70 +60,70 @@ func claim1(t *testing.T, f guard.FastPath, scope string, e guard.Event) guard.F
 func testFirstClaim(t *testing.T, f guard.FastPath) {
 	e := ev(uniqueID())
 	first := claim1(t, f, "svc", e)
-	require.Equal(t, guard.FastAcquired, first.State, "err: %v", first.Err)
+	require.Equal(t, tier.FastAcquired, first.State, "err: %v", first.Err)
 	require.NotEmpty(t, first.Token)
 	second := claim1(t, f, "svc", e)
-	require.Equal(t, guard.FastPending, second.State, "a held lease must read as pending, never as done")
+	require.Equal(t, tier.FastPending, second.State, "a held lease must read as pending, never as done")
 }
 
 func testDone(t *testing.T, f guard.FastPath) {
 	e := ev(uniqueID())
-	require.Equal(t, guard.FastAcquired, claim1(t, f, "svc", e).State)
+	require.Equal(t, tier.FastAcquired, claim1(t, f, "svc", e).State)
 	require.NoError(t, f.MarkDone(context.Background(), "svc", []guard.Event{e}))
 	r := claim1(t, f, "svc", e)
-	require.Equal(t, guard.FastDone, r.State)
+	require.Equal(t, tier.FastDone, r.State)
 	require.Equal(t, e.Hash, r.Hash)
 	// A claim never overwrites a done marker.
-	require.Equal(t, guard.FastDone, claim1(t, f, "svc", e).State)
+	require.Equal(t, tier.FastDone, claim1(t, f, "svc", e).State)
 }
 
 func testReleaseOwn(t *testing.T, f guard.FastPath) {
 	e := ev(uniqueID())
 	r := claim1(t, f, "svc", e)
-	require.Equal(t, guard.FastAcquired, r.State)
-	require.NoError(t, f.Release(context.Background(), "svc", []guard.Lease{{ID: e.ID, Token: r.Token}}))
-	require.Equal(t, guard.FastAcquired, claim1(t, f, "svc", e).State, "a released lease must be claimable again")
+	require.Equal(t, tier.FastAcquired, r.State)
+	require.NoError(t, f.Release(context.Background(), "svc", []tier.Lease{{ID: e.ID, Token: r.Token}}))
+	require.Equal(t, tier.FastAcquired, claim1(t, f, "svc", e).State, "a released lease must be claimable again")
 }
 
 func testReleaseOthers(t *testing.T, f guard.FastPath) {
 	e := ev(uniqueID())
-	require.Equal(t, guard.FastAcquired, claim1(t, f, "svc", e).State)
-	require.NoError(t, f.Release(context.Background(), "svc", []guard.Lease{{ID: e.ID, Token: "not-the-holder"}}))
-	require.Equal(t, guard.FastPending, claim1(t, f, "svc", e).State, "release with another token must not delete the lease")
+	require.Equal(t, tier.FastAcquired, claim1(t, f, "svc", e).State)
+	require.NoError(t, f.Release(context.Background(), "svc", []tier.Lease{{ID: e.ID, Token: "not-the-holder"}}))
+	require.Equal(t, tier.FastPending, claim1(t, f, "svc", e).State, "release with another token must not delete the lease")
 }
 
 func testReleaseAfterDone(t *testing.T, f guard.FastPath) {
 	e := ev(uniqueID())
 	r := claim1(t, f, "svc", e)
 	require.NoError(t, f.MarkDone(context.Background(), "svc", []guard.Event{e}))
-	require.NoError(t, f.Release(context.Background(), "svc", []guard.Lease{{ID: e.ID, Token: r.Token}}))
-	require.Equal(t, guard.FastDone, claim1(t, f, "svc", e).State)
+	require.NoError(t, f.Release(context.Background(), "svc", []tier.Lease{{ID: e.ID, Token: r.Token}}))
+	require.Equal(t, tier.FastDone, claim1(t, f, "svc", e).State)
 }
 
 func testScopes(t *testing.T, f guard.FastPath) {
 	e := ev(uniqueID())
-	require.Equal(t, guard.FastAcquired, claim1(t, f, "billing", e).State)
+	require.Equal(t, tier.FastAcquired, claim1(t, f, "billing", e).State)
 	require.NoError(t, f.MarkDone(context.Background(), "billing", []guard.Event{e}))
-	require.Equal(t, guard.FastAcquired, claim1(t, f, "ledger", e).State, "another scope must not see billing's marker")
+	require.Equal(t, tier.FastAcquired, claim1(t, f, "ledger", e).State, "another scope must not see billing's marker")
 }
 
 func testIDBytes(t *testing.T, f guard.FastPath) {
 	base := uniqueID()
 	ids := []string{base, base + ":x", base + "\x00", base + "é", base + " "}
 	for _, id := range ids {
-		require.Equal(t, guard.FastAcquired, claim1(t, f, "svc", ev(id)).State, "id %q collided with another", id)
+		require.Equal(t, tier.FastAcquired, claim1(t, f, "svc", ev(id)).State, "id %q collided with another", id)
 	}
 }
 
 func testBatch(t *testing.T, f guard.FastPath) {
 	a, b, c := ev(uniqueID()), ev(uniqueID()), ev(uniqueID())
-	require.Equal(t, guard.FastAcquired, claim1(t, f, "svc", a).State)
+	require.Equal(t, tier.FastAcquired, claim1(t, f, "svc", a).State)
 	require.NoError(t, f.MarkDone(context.Background(), "svc", []guard.Event{b}))
 	got := f.Claim(context.Background(), "svc", []guard.Event{a, b, c})
 	require.Len(t, got, 3)
-	require.Equal(t, guard.FastPending, got[0].State)
-	require.Equal(t, guard.FastDone, got[1].State)
-	require.Equal(t, guard.FastAcquired, got[2].State)
+	require.Equal(t, tier.FastPending, got[0].State)
+	require.Equal(t, tier.FastDone, got[1].State)
+	require.Equal(t, tier.FastAcquired, got[2].State)
 }
 
 // testReleaseMany claims, releases and claims again 64 events in one call
@@ -133,13 +134,13 @@ func testReleaseMany(t *testing.T, f guard.FastPath) {
 	for i := range events {
 		events[i] = ev(uniqueID())
 	}
-	var leases []guard.Lease
+	var leases []tier.Lease
 	for i, r := range f.Claim(ctx, "svc", events) {
-		require.Equal(t, guard.FastAcquired, r.State, "event %d: %v", i, r.Err)
-		leases = append(leases, guard.Lease{ID: events[i].ID, Token: r.Token})
+		require.Equal(t, tier.FastAcquired, r.State, "event %d: %v", i, r.Err)
+		leases = append(leases, tier.Lease{ID: events[i].ID, Token: r.Token})
 	}
 	require.NoError(t, f.Release(ctx, "svc", leases))
 	for i, r := range f.Claim(ctx, "svc", events) {
-		require.Equal(t, guard.FastAcquired, r.State, "event %d was not released: %v", i, r.Err)
+		require.Equal(t, tier.FastAcquired, r.State, "event %d was not released: %v", i, r.Err)
 	}
 }

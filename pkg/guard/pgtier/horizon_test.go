@@ -8,8 +8,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/horizon"
 	"github.com/idemhq/idem/internal/testenv"
-	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/guard/pgtier"
 )
 
@@ -22,45 +23,45 @@ func TestClaimEnforcesTheRecordedHorizon(t *testing.T) {
 	s := pgtier.New(pool)
 	ctx := context.Background()
 	now := time.Now()
-	_, err := s.EnforceRetention(ctx, time.Hour, time.Minute)
+	_, err := horizon.Enforce(ctx, pool, time.Hour, time.Minute)
 	require.NoError(t, err)
 
 	for _, c := range []struct {
 		name string
 		at   time.Time
-		want guard.ClaimResult
+		want tier.ClaimResult
 	}{
-		{"fresh", now.Add(-10 * time.Minute), guard.ClaimInserted},
-		{"inside the retention", now.Add(-59 * time.Minute), guard.ClaimInserted},
-		{"past the retention", now.Add(-61 * time.Minute), guard.ClaimExpired},
-		{"ahead within the recorded skew", now.Add(30 * time.Second), guard.ClaimInserted},
+		{"fresh", now.Add(-10 * time.Minute), tier.ClaimInserted},
+		{"inside the retention", now.Add(-59 * time.Minute), tier.ClaimInserted},
+		{"past the retention", now.Add(-61 * time.Minute), tier.ClaimExpired},
+		{"ahead within the recorded skew", now.Add(30 * time.Second), tier.ClaimInserted},
 		// A consumer allowing 5 minutes (the library's default) let this
 		// through; the recorded skew is the one enforced.
-		{"ahead past the recorded skew", now.Add(4 * time.Minute), guard.ClaimFuture},
-		{"untimed, nothing pruned yet", time.Time{}, guard.ClaimInserted},
+		{"ahead past the recorded skew", now.Add(4 * time.Minute), tier.ClaimFuture},
+		{"untimed, nothing pruned yet", time.Time{}, tier.ClaimInserted},
 	} {
 		require.Equal(t, c.want, claimCommit(t, s, at(ev("e_"+c.name, "a"), c.at)), c.name)
 	}
-	require.Equal(t, guard.ClaimDuplicate, claimCommit(t, s, at(ev("e_fresh", "a"), now.Add(-2*time.Hour))),
+	require.Equal(t, tier.ClaimDuplicate, claimCommit(t, s, at(ev("e_fresh", "a"), now.Add(-2*time.Hour))),
 		"an event whose row exists is a duplicate, however old")
 
 	// The first cut is refused while untimed events arrive, then made.
-	cut := pgtier.PruneConfig{Retention: time.Hour, ClockSkew: time.Minute, Batch: 100}
-	_, _, err = s.Prune(ctx, cut)
-	require.ErrorIs(t, err, pgtier.ErrUntimedStillArriving)
+	cut := horizon.PruneConfig{Retention: time.Hour, ClockSkew: time.Minute, Batch: 100}
+	_, _, err = horizon.Prune(ctx, pool, cut)
+	require.ErrorIs(t, err, horizon.ErrUntimedStillArriving)
 	cut.CutUntimed = true
-	_, pruned, err := s.Prune(ctx, cut)
+	_, pruned, err := horizon.Prune(ctx, pool, cut)
 	require.NoError(t, err)
 
-	require.Equal(t, guard.ClaimUntimed, claimCommit(t, s, ev("e_new_untimed", "a")), "untimed after a cut")
-	require.Equal(t, guard.ClaimDuplicate, claimCommit(t, s, ev("e_untimed, nothing pruned yet", "a")), "untimed with its row")
+	require.Equal(t, tier.ClaimUntimed, claimCommit(t, s, ev("e_new_untimed", "a")), "untimed after a cut")
+	require.Equal(t, tier.ClaimDuplicate, claimCommit(t, s, ev("e_untimed, nothing pruned yet", "a")), "untimed with its row")
 
 	// A longer retention recorded after the cut still refuses what the cut
 	// may have taken.
-	_, err = s.EnforceRetention(ctx, 2*time.Hour, time.Minute)
+	_, err = horizon.Enforce(ctx, pool, 2*time.Hour, time.Minute)
 	require.NoError(t, err)
-	require.Equal(t, guard.ClaimExpired, claimCommit(t, s, at(ev("e_before_cut", "a"), pruned.Add(30*time.Second))))
-	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, at(ev("e_after_cut", "a"), pruned.Add(90*time.Second))))
+	require.Equal(t, tier.ClaimExpired, claimCommit(t, s, at(ev("e_before_cut", "a"), pruned.Add(30*time.Second))))
+	require.Equal(t, tier.ClaimInserted, claimCommit(t, s, at(ev("e_after_cut", "a"), pruned.Add(90*time.Second))))
 }
 
 // TestClaimChecksTheHorizonWhenTheRowIsClaimed: a delivery decoded inside the
@@ -72,23 +73,23 @@ func TestClaimChecksTheHorizonWhenTheRowIsClaimed(t *testing.T) {
 	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	ctx := context.Background()
-	_, err := s.EnforceRetention(ctx, time.Hour, time.Minute)
+	_, err := horizon.Enforce(ctx, pool, time.Hour, time.Minute)
 	require.NoError(t, err)
 	// Processed when it happened, 59 minutes ago: inside the horizon when
 	// its redelivery was decoded.
 	happened := time.Now().Add(-59 * time.Minute)
 	e := at(ev("e_held", "a"), happened)
-	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, e))
+	require.Equal(t, tier.ClaimInserted, claimCommit(t, s, e))
 	_, err = pool.Exec(ctx, `UPDATE idem_processed SET processed_at = $1`, happened)
 	require.NoError(t, err)
 	// The hold lasts three minutes: everything is three minutes older.
 	_, err = pool.Exec(ctx, `UPDATE idem_processed SET processed_at = processed_at - interval '3 minutes'`)
 	require.NoError(t, err)
 	e.Time = happened.Add(-3 * time.Minute)
-	n, _, err := s.Prune(ctx, pgtier.PruneConfig{Retention: time.Hour, ClockSkew: time.Minute, Batch: 100})
+	n, _, err := horizon.Prune(ctx, pool, horizon.PruneConfig{Retention: time.Hour, ClockSkew: time.Minute, Batch: 100})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n, "the row was pruned")
-	require.Equal(t, guard.ClaimExpired, claimCommit(t, s, e), "the held delivery was claimed again")
+	require.Equal(t, tier.ClaimExpired, claimCommit(t, s, e), "the held delivery was claimed again")
 }
 
 // TestPruneWaitsForClaimsBegunBeforeTheCut: a guard transaction that began
@@ -105,7 +106,7 @@ func TestPruneWaitsForClaimsBegunBeforeTheCut(t *testing.T) {
 	require.NoError(t, err)
 	defer pool.Close()
 	s := pgtier.New(pool)
-	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, at(ev("old", "a"), time.Now())))
+	require.Equal(t, tier.ClaimInserted, claimCommit(t, s, at(ev("old", "a"), time.Now())))
 	_, err = pool.Exec(ctx, `UPDATE idem_processed SET processed_at = now() - interval '2 days'`)
 	require.NoError(t, err)
 
@@ -117,7 +118,7 @@ func TestPruneWaitsForClaimsBegunBeforeTheCut(t *testing.T) {
 	}
 	done := make(chan pruned, 1)
 	go func() {
-		n, _, err := s.Prune(ctx, pgtier.PruneConfig{Retention: 24 * time.Hour, ClockSkew: time.Minute, Batch: 100})
+		n, _, err := horizon.Prune(ctx, pool, horizon.PruneConfig{Retention: 24 * time.Hour, ClockSkew: time.Minute, Batch: 100})
 		done <- pruned{n, err}
 	}()
 	// Prune waits on the lock, its cut recorded and the row still there.
@@ -149,9 +150,8 @@ func TestPruneWaitsForClaimsBegunBeforeTheCut(t *testing.T) {
 func TestHorizonRefusesAZeroClockSkew(t *testing.T) {
 	t.Parallel()
 	pool, _ := testenv.Schema(t, testenv.Effects)
-	s := pgtier.New(pool)
-	_, err := s.EnforceRetention(context.Background(), time.Hour, 0)
+	_, err := horizon.Enforce(context.Background(), pool, time.Hour, 0)
 	require.ErrorContains(t, err, "positive retention and clock skew")
-	_, _, err = s.Prune(context.Background(), pgtier.PruneConfig{Retention: time.Hour, Batch: 1})
+	_, _, err = horizon.Prune(context.Background(), pool, horizon.PruneConfig{Retention: time.Hour, Batch: 1})
 	require.ErrorContains(t, err, "positive retention, clock skew")
 }

@@ -13,7 +13,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/horizon"
+	"github.com/idemhq/idem/internal/layout"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/pgtier"
 )
@@ -29,7 +32,7 @@ func at(e guard.Event, t time.Time) guard.Event {
 }
 
 // claim claims e in a new transaction and leaves it open for the caller.
-func claim(t *testing.T, s *pgtier.Store, e guard.Event) (pgx.Tx, guard.ClaimResult) {
+func claim(t *testing.T, s *pgtier.Store, e guard.Event) (pgx.Tx, tier.ClaimResult) {
 	t.Helper()
 	tx, err := s.Begin(context.Background())
 	require.NoError(t, err)
@@ -38,7 +41,7 @@ func claim(t *testing.T, s *pgtier.Store, e guard.Event) (pgx.Tx, guard.ClaimRes
 	return tx, res[0]
 }
 
-func claimCommit(t *testing.T, s *pgtier.Store, e guard.Event) guard.ClaimResult {
+func claimCommit(t *testing.T, s *pgtier.Store, e guard.Event) tier.ClaimResult {
 	t.Helper()
 	tx, res := claim(t, s, e)
 	require.NoError(t, tx.Commit(context.Background()))
@@ -49,7 +52,7 @@ func claimCommit(t *testing.T, s *pgtier.Store, e guard.Event) guard.ClaimResult
 func claimOpen(t *testing.T, s *pgtier.Store, e guard.Event) pgx.Tx {
 	t.Helper()
 	tx, res := claim(t, s, e)
-	require.Equal(t, guard.ClaimInserted, res)
+	require.Equal(t, tier.ClaimInserted, res)
 	return tx
 }
 
@@ -57,10 +60,10 @@ func TestClaimInsertsThenReportsDuplicateOrConflict(t *testing.T) {
 	t.Parallel()
 	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
-	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("e1", "a")))
-	require.Equal(t, guard.ClaimDuplicate, claimCommit(t, s, ev("e1", "a")))
-	require.Equal(t, guard.ClaimConflict, claimCommit(t, s, ev("e1", "b")))
-	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("e2", "a")))
+	require.Equal(t, tier.ClaimInserted, claimCommit(t, s, ev("e1", "a")))
+	require.Equal(t, tier.ClaimDuplicate, claimCommit(t, s, ev("e1", "a")))
+	require.Equal(t, tier.ClaimConflict, claimCommit(t, s, ev("e1", "b")))
+	require.Equal(t, tier.ClaimInserted, claimCommit(t, s, ev("e2", "a")))
 }
 
 func TestRolledBackClaimLeavesNoTrace(t *testing.T) {
@@ -69,7 +72,7 @@ func TestRolledBackClaimLeavesNoTrace(t *testing.T) {
 	s := pgtier.New(pool)
 	tx := claimOpen(t, s, ev("e1", "a"))
 	require.NoError(t, tx.Rollback(context.Background()))
-	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("e1", "a")))
+	require.Equal(t, tier.ClaimInserted, claimCommit(t, s, ev("e1", "a")))
 }
 
 // Many transactions claim one event at once and hold their tx open for a
@@ -80,7 +83,7 @@ func TestConcurrentClaimsExactlyOneWins(t *testing.T) {
 	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	const n = 16
-	results := make([]guard.ClaimResult, n)
+	results := make([]tier.ClaimResult, n)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range n {
@@ -99,7 +102,7 @@ func TestConcurrentClaimsExactlyOneWins(t *testing.T) {
 				return
 			}
 			results[i] = res[0]
-			if res[0] == guard.ClaimInserted {
+			if res[0] == tier.ClaimInserted {
 				// The effect would run here; give the others time to queue up.
 				time.Sleep(50 * time.Millisecond)
 				if err := tx.Commit(ctx); err != nil {
@@ -110,11 +113,11 @@ func TestConcurrentClaimsExactlyOneWins(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
-	counts := map[guard.ClaimResult]int{}
+	counts := map[tier.ClaimResult]int{}
 	for _, r := range results {
 		counts[r]++
 	}
-	require.Equal(t, map[guard.ClaimResult]int{guard.ClaimInserted: 1, guard.ClaimDuplicate: n - 1}, counts)
+	require.Equal(t, map[tier.ClaimResult]int{tier.ClaimInserted: 1, tier.ClaimDuplicate: n - 1}, counts)
 	var rows int
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM idem_processed WHERE event_id = 'hot'`).Scan(&rows))
 	require.Equal(t, 1, rows)
@@ -129,7 +132,7 @@ func TestWaiterTakesOverWhenFirstClaimRollsBack(t *testing.T) {
 	ctx := context.Background()
 	first := claimOpen(t, s, ev("e", "a"))
 
-	got := make(chan guard.ClaimResult, 1)
+	got := make(chan tier.ClaimResult, 1)
 	go func() {
 		tx, err := s.Begin(ctx)
 		if err != nil {
@@ -149,7 +152,7 @@ func TestWaiterTakesOverWhenFirstClaimRollsBack(t *testing.T) {
 	// The second claim blocks on the first one's row until it rolls back.
 	waitForLockWaiter(t, pool, first)
 	require.NoError(t, first.Rollback(ctx))
-	require.Equal(t, guard.ClaimInserted, <-got)
+	require.Equal(t, tier.ClaimInserted, <-got)
 }
 
 // waitForLockWaiter polls until some backend is blocked by blocker's.
@@ -170,14 +173,14 @@ func TestBatchClaimMixesOutcomes(t *testing.T) {
 	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	ctx := context.Background()
-	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("old", "a")))
-	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("changed", "a")))
+	require.Equal(t, tier.ClaimInserted, claimCommit(t, s, ev("old", "a")))
+	require.Equal(t, tier.ClaimInserted, claimCommit(t, s, ev("changed", "a")))
 	tx, err := s.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
 	res, err := s.Claim(ctx, tx, "svc", []guard.Event{ev("new", "a"), ev("old", "a"), ev("changed", "b"), ev("new", "a")})
 	require.NoError(t, err)
-	require.Equal(t, []guard.ClaimResult{guard.ClaimInserted, guard.ClaimDuplicate, guard.ClaimConflict, guard.ClaimDuplicate}, res)
+	require.Equal(t, []tier.ClaimResult{tier.ClaimInserted, tier.ClaimDuplicate, tier.ClaimConflict, tier.ClaimDuplicate}, res)
 }
 
 func TestScopesAreIndependent(t *testing.T) {
@@ -190,7 +193,7 @@ func TestScopesAreIndependent(t *testing.T) {
 		require.NoError(t, err)
 		res, err := s.Claim(ctx, tx, scope, []guard.Event{ev("e", "a")})
 		require.NoError(t, err)
-		require.Equal(t, guard.ClaimInserted, res[0], scope)
+		require.Equal(t, tier.ClaimInserted, res[0], scope)
 		require.NoError(t, tx.Commit(ctx))
 	}
 }
@@ -200,17 +203,17 @@ func TestPruneDeletesOnlyRowsPastRetention(t *testing.T) {
 	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	ctx := context.Background()
-	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("old", "a")))
-	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, ev("fresh", "a")))
+	require.Equal(t, tier.ClaimInserted, claimCommit(t, s, ev("old", "a")))
+	require.Equal(t, tier.ClaimInserted, claimCommit(t, s, ev("fresh", "a")))
 	_, err := pool.Exec(ctx, `UPDATE idem_processed SET processed_at = now() - interval '2 days' WHERE event_id = 'old'`)
 	require.NoError(t, err)
-	n, cutoff, err := s.Prune(ctx, pgtier.PruneConfig{Retention: 24 * time.Hour, ClockSkew: 5 * time.Minute, Batch: 1})
+	n, cutoff, err := horizon.Prune(ctx, pool, horizon.PruneConfig{Retention: 24 * time.Hour, ClockSkew: 5 * time.Minute, Batch: 1})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
 	require.WithinDuration(t, time.Now().Add(-24*time.Hour-5*time.Minute), cutoff, time.Minute)
-	require.Equal(t, guard.ClaimUntimed, claimCommit(t, s, ev("old", "a")), "an untimed event after a cut")
-	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, at(ev("old", "a"), time.Now())), "a timed one inside the horizon")
-	require.Equal(t, guard.ClaimDuplicate, claimCommit(t, s, ev("fresh", "a")))
+	require.Equal(t, tier.ClaimUntimed, claimCommit(t, s, ev("old", "a")), "an untimed event after a cut")
+	require.Equal(t, tier.ClaimInserted, claimCommit(t, s, at(ev("old", "a"), time.Now())), "a timed one inside the horizon")
+	require.Equal(t, tier.ClaimDuplicate, claimCommit(t, s, ev("fresh", "a")))
 }
 
 // TestPruneCannotCutBelowWhatConsumersEnforce: the retention consumers
@@ -220,30 +223,30 @@ func TestPruneCannotCutBelowWhatConsumersEnforce(t *testing.T) {
 	pool, _ := testenv.Schema(t, testenv.Effects)
 	s := pgtier.New(pool)
 	ctx := context.Background()
-	h, err := s.EnforceRetention(ctx, 30*24*time.Hour, time.Minute)
+	h, err := horizon.Enforce(ctx, pool, 30*24*time.Hour, time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, 30*24*time.Hour, h.Retention)
 	require.True(t, h.PrunedThrough.IsZero())
 	// A consumer with a shorter retention does not lower the record.
-	h, err = s.EnforceRetention(ctx, 24*time.Hour, 2*time.Minute)
+	h, err = horizon.Enforce(ctx, pool, 24*time.Hour, 2*time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, 30*24*time.Hour, h.Retention)
 	require.Equal(t, 2*time.Minute, h.ClockSkew)
 
-	require.Equal(t, guard.ClaimInserted, claimCommit(t, s, at(ev("e", "a"), time.Now())))
+	require.Equal(t, tier.ClaimInserted, claimCommit(t, s, at(ev("e", "a"), time.Now())))
 	_, err = pool.Exec(ctx, `UPDATE idem_processed SET processed_at = now() - interval '10 days'`)
 	require.NoError(t, err)
-	_, _, err = s.Prune(ctx, pgtier.PruneConfig{Retention: 7 * 24 * time.Hour, ClockSkew: time.Minute, Batch: 100})
-	require.ErrorIs(t, err, pgtier.ErrRetentionBelowConsumers)
-	require.Equal(t, guard.ClaimDuplicate, claimCommit(t, s, at(ev("e", "a"), time.Now())), "a refused prune deletes nothing")
+	_, _, err = horizon.Prune(ctx, pool, horizon.PruneConfig{Retention: 7 * 24 * time.Hour, ClockSkew: time.Minute, Batch: 100})
+	require.ErrorIs(t, err, horizon.ErrRetentionBelowConsumers)
+	require.Equal(t, tier.ClaimDuplicate, claimCommit(t, s, at(ev("e", "a"), time.Now())), "a refused prune deletes nothing")
 
 	// After every consumer is lowered, the operator resets the record.
-	require.NoError(t, s.ResetHorizon(ctx, 7*24*time.Hour, time.Minute))
-	n, cutoff, err := s.Prune(ctx, pgtier.PruneConfig{Retention: 7 * 24 * time.Hour, ClockSkew: time.Minute, Batch: 100})
+	require.NoError(t, horizon.Reset(ctx, pool, 7*24*time.Hour, time.Minute))
+	n, cutoff, err := horizon.Prune(ctx, pool, horizon.PruneConfig{Retention: 7 * 24 * time.Hour, ClockSkew: time.Minute, Batch: 100})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
 	// A consumer starting now learns where prune cut.
-	h, err = s.EnforceRetention(ctx, 30*24*time.Hour, time.Minute)
+	h, err = horizon.Enforce(ctx, pool, 30*24*time.Hour, time.Minute)
 	require.NoError(t, err)
 	require.WithinDuration(t, cutoff, h.PrunedThrough, time.Millisecond)
 }
@@ -266,7 +269,7 @@ func TestClaimOfAPrunedRowIsBeyondRetention(t *testing.T) {
 	defer otherTx.Rollback(ctx)
 	res, err := other.Claim(ctx, otherTx, "svc", []guard.Event{ev("e", "a")})
 	require.NoError(t, err)
-	require.Equal(t, guard.ClaimInserted, res[0])
+	require.Equal(t, tier.ClaimInserted, res[0])
 
 	// The claimer's pool prunes the row just before the claim's lookup.
 	cfg, err := pgxpool.ParseConfig(url)
@@ -395,13 +398,12 @@ func TestClaimProbesTheKeyOnANewTable(t *testing.T) {
 func TestCheckShardRefusesAnotherPlace(t *testing.T) {
 	t.Parallel()
 	pool, _ := testenv.Schema(t, testenv.Effects)
-	s := pgtier.New(pool)
 	ctx := context.Background()
-	require.NoError(t, s.CheckShard(ctx, 1, 3))
-	require.NoError(t, s.CheckShard(ctx, 1, 3), "the same place again")
-	require.ErrorIs(t, s.CheckShard(ctx, 0, 3), pgtier.ErrWrongShard, "reordered")
-	require.ErrorIs(t, s.CheckShard(ctx, 1, 4), pgtier.ErrWrongShard, "resized")
-	require.Error(t, s.CheckShard(ctx, 3, 3))
+	require.NoError(t, layout.CheckShard(ctx, pool, 1, 3))
+	require.NoError(t, layout.CheckShard(ctx, pool, 1, 3), "the same place again")
+	require.ErrorIs(t, layout.CheckShard(ctx, pool, 0, 3), layout.ErrWrongShard, "reordered")
+	require.ErrorIs(t, layout.CheckShard(ctx, pool, 1, 4), layout.ErrWrongShard, "resized")
+	require.Error(t, layout.CheckShard(ctx, pool, 3, 3))
 }
 
 // TestCheckShardWaitsForAFirstRecorder: a consumer that checks while
@@ -410,7 +412,6 @@ func TestCheckShardRefusesAnotherPlace(t *testing.T) {
 func TestCheckShardWaitsForAFirstRecorder(t *testing.T) {
 	t.Parallel()
 	pool, _ := testenv.Schema(t, testenv.Effects)
-	s := pgtier.New(pool)
 	ctx := context.Background()
 	first, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -419,7 +420,7 @@ func TestCheckShardWaitsForAFirstRecorder(t *testing.T) {
 	require.NoError(t, err)
 
 	checked := make(chan error, 1)
-	go func() { checked <- s.CheckShard(ctx, 1, 2) }()
+	go func() { checked <- layout.CheckShard(ctx, pool, 1, 2) }()
 	require.Eventually(t, func() bool {
 		var waiting int
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
@@ -428,5 +429,5 @@ func TestCheckShardWaitsForAFirstRecorder(t *testing.T) {
 	}, 10*time.Second, 5*time.Millisecond, "the second check never waited for the first record")
 	require.NoError(t, first.Commit(ctx))
 	require.NoError(t, <-checked)
-	require.ErrorIs(t, s.CheckShard(ctx, 0, 2), pgtier.ErrWrongShard)
+	require.ErrorIs(t, layout.CheckShard(ctx, pool, 0, 2), layout.ErrWrongShard)
 }

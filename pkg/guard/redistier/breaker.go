@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/idemhq/idem/internal/redisfault"
 )
 
 // Defaults for BreakerConfig.
@@ -65,10 +67,6 @@ func (c *BreakerConfig) validate() error {
 	return nil
 }
 
-// errCallerGone marks a call abandoned because the caller's context ended.
-// It says nothing about Redis, so the breaker neither counts it nor trips on it.
-var errCallerGone = errors.New("caller context done")
-
 // streak records since when calls have kept failing.
 type streak struct {
 	since atomic.Int64 // unix nanoseconds of the first failure of the current run; 0 after a success
@@ -97,7 +95,7 @@ func newBreaker(c BreakerConfig, failing *streak) *gobreaker.CircuitBreaker[stru
 		ReadyToTrip: func(counts gobreaker.Counts) bool {
 			return counts.ConsecutiveFailures >= threshold && failing.lasted(c.MinOutage)
 		},
-		IsExcluded: func(err error) bool { return errors.Is(err, errCallerGone) },
+		IsExcluded: func(err error) bool { return errors.Is(err, redisfault.ErrCallerGone) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			if c.OnStateChange != nil {
 				c.OnStateChange(from.String(), to.String())
@@ -114,7 +112,7 @@ func (f *Filter) call(ctx context.Context, fn func(ctx context.Context) error) e
 		defer cancel()
 		err := fn(cctx)
 		if err != nil && callerGone(ctx) {
-			return struct{}{}, fmt.Errorf("%w: %w", errCallerGone, err)
+			return struct{}{}, fmt.Errorf("%w: %w", redisfault.ErrCallerGone, err)
 		}
 		f.failing.record(err)
 		return struct{}{}, err

@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/guard/redistier"
 )
 
@@ -60,14 +60,14 @@ func TestBreakerTransitionsOnAFakeClock(t *testing.T) {
 		require.Equal(t, "half-open", f.BreakerState())
 
 		// A failed probe opens it again for a full timeout.
-		require.Equal(t, guard.FastSkipped, claim(f, ctx).State)
+		require.Equal(t, tier.FastSkipped, claim(f, ctx).State)
 		require.Equal(t, "open", f.BreakerState())
 		time.Sleep(30*time.Second + time.Millisecond)
 		require.Equal(t, "half-open", f.BreakerState())
 
 		// A good probe closes it.
 		m.SetError("")
-		require.Equal(t, guard.FastAcquired, claim(f, ctx).State)
+		require.Equal(t, tier.FastAcquired, claim(f, ctx).State)
 		require.Equal(t, "closed", f.BreakerState())
 		require.Equal(t, []string{"closed->open", "open->half-open", "half-open->open", "open->half-open", "half-open->closed"}, transitions)
 	})

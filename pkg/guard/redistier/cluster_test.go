@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemhq/idem/internal/config"
 	"github.com/idemhq/idem/internal/sandbox"
+	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/guardtest"
 	"github.com/idemhq/idem/pkg/guard/redistier"
@@ -74,7 +75,7 @@ func TestStoppedClusterNodeCostsOneDeadline(t *testing.T) {
 	}
 	ctx := context.Background()
 	for _, r := range f.Claim(ctx, "svc", events) {
-		require.Equal(t, guard.FastAcquired, r.State, "%v", r.Err)
+		require.Equal(t, tier.FastAcquired, r.State, "%v", r.Err)
 	}
 
 	m := c.Masters(ctx)[0]
@@ -89,12 +90,12 @@ func TestStoppedClusterNodeCostsOneDeadline(t *testing.T) {
 		// the others hold their first claim's leases.
 		skipped := 0
 		for _, r := range res {
-			if r.State == guard.FastSkipped {
+			if r.State == tier.FastSkipped {
 				require.Error(t, r.Err)
 				skipped++
 				continue
 			}
-			require.Equal(t, guard.FastPending, r.State)
+			require.Equal(t, tier.FastPending, r.State)
 		}
 		require.Positive(t, skipped)
 	}
@@ -117,7 +118,7 @@ func TestClusterFailoverResumesTheFastTier(t *testing.T) {
 		return events
 	}
 	c.Masters(ctx)[0].Kill()
-	took, failed := requireResumes(t, func(i int) []guard.FastResult { return f.Claim(ctx, "svc", batch(i)) })
+	took, failed := requireResumes(t, func(i int) []tier.FastResult { return f.Claim(ctx, "svc", batch(i)) })
 	require.Len(t, c.Masters(ctx), 3, "a replica took over")
 	t.Logf("resumed %s after the kill, %d claims failed meanwhile", took.Round(time.Millisecond), failed)
 }
@@ -144,7 +145,7 @@ func failoverFilter(t *testing.T, mode, url string) *redistier.Filter {
 // until a claim succeeds, requiring each to end within its deadline, at
 // least one to fail, and the fast tier to resume within 30 s. It returns how
 // long that took and how many claims failed.
-func requireResumes(t *testing.T, claim func(i int) []guard.FastResult) (time.Duration, int) {
+func requireResumes(t *testing.T, claim func(i int) []tier.FastResult) (time.Duration, int) {
 	t.Helper()
 	const deadline = failoverTimeout
 	killed := time.Now()
@@ -155,9 +156,9 @@ func requireResumes(t *testing.T, claim func(i int) []guard.FastResult) (time.Du
 		require.Less(t, time.Since(began), 10*deadline, "a claim outlived its deadline")
 		// A claim may fail for the dead master's keys only: it has
 		// resumed when every key answers.
-		if !slices.ContainsFunc(res, func(r guard.FastResult) bool { return r.Err != nil }) {
+		if !slices.ContainsFunc(res, func(r tier.FastResult) bool { return r.Err != nil }) {
 			for _, r := range res {
-				require.Equal(t, guard.FastAcquired, r.State)
+				require.Equal(t, tier.FastAcquired, r.State)
 			}
 			break
 		}

@@ -14,6 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/idemhq/idem/internal/fastkey"
+	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -26,8 +28,8 @@ const (
 )
 
 const (
-	pendingPrefix = "pending:"
-	donePrefix    = "done:"
+	pendingPrefix = fastkey.Pending
+	donePrefix    = fastkey.Done
 )
 
 // Config configures a Filter.
@@ -120,16 +122,10 @@ func New(rdb redis.UniversalClient, cfg Config) (*Filter, error) {
 // BreakerState reports the circuit breaker's state: "closed", "half-open" or "open".
 func (f *Filter) BreakerState() string { return f.breaker.State().String() }
 
-// Key returns the Redis key for an event. Redis keys are binary safe and
-// neither prefix nor scope may contain ':', so any ID maps to one key.
-func (f *Filter) Key(scope, id string) string {
-	return f.cfg.Prefix + ":" + scope + ":" + id
-}
-
 // Claim runs SET key pending:<token> NX PX <lease> GET for every event in one
 // pipeline. The leases of one call share a token: they have one holder.
-func (f *Filter) Claim(ctx context.Context, scope string, events []guard.Event) []guard.FastResult {
-	out := make([]guard.FastResult, len(events))
+func (f *Filter) Claim(ctx context.Context, scope string, events []guard.Event) []tier.FastResult {
+	out := make([]tier.FastResult, len(events))
 	token := newToken()
 	value := pendingPrefix + token
 	lease := strconv.FormatInt(f.cfg.Lease.Milliseconds(), 10)
@@ -140,7 +136,7 @@ func (f *Filter) Claim(ctx context.Context, scope string, events []guard.Event) 
 		// of them, which for a new event is redis.Nil.
 		_, _ = f.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, ev := range events {
-				cmds[i] = p.Do(ctx, "SET", f.Key(scope, ev.ID), value, "PX", lease, "NX", "GET")
+				cmds[i] = p.Do(ctx, "SET", fastkey.Key(f.cfg.Prefix, scope, ev.ID), value, "PX", lease, "NX", "GET")
 			}
 			return nil
 		})
@@ -158,29 +154,29 @@ func (f *Filter) Claim(ctx context.Context, scope string, events []guard.Event) 
 	})
 	if err != nil && !answered {
 		for i := range out {
-			out[i] = guard.FastResult{State: guard.FastSkipped, Err: err}
+			out[i] = tier.FastResult{State: tier.FastSkipped, Err: err}
 		}
 	}
 	return out
 }
 
-func parseClaim(cmd *redis.Cmd, token string) guard.FastResult {
+func parseClaim(cmd *redis.Cmd, token string) tier.FastResult {
 	old, err := cmd.Text()
 	switch {
 	case errors.Is(err, redis.Nil):
-		return guard.FastResult{State: guard.FastAcquired, Token: token}
+		return tier.FastResult{State: tier.FastAcquired, Token: token}
 	case err != nil:
-		return guard.FastResult{State: guard.FastSkipped, Err: err}
+		return tier.FastResult{State: tier.FastSkipped, Err: err}
 	case strings.HasPrefix(old, donePrefix):
 		h, err := hex.DecodeString(old[len(donePrefix):])
 		if err != nil {
-			return guard.FastResult{State: guard.FastSkipped, Err: fmt.Errorf("bad done marker %q", old)}
+			return tier.FastResult{State: tier.FastSkipped, Err: fmt.Errorf("bad done marker %q", old)}
 		}
-		return guard.FastResult{State: guard.FastDone, Hash: h}
+		return tier.FastResult{State: tier.FastDone, Hash: h}
 	case strings.HasPrefix(old, pendingPrefix):
-		return guard.FastResult{State: guard.FastPending}
+		return tier.FastResult{State: tier.FastPending}
 	default:
-		return guard.FastResult{State: guard.FastSkipped, Err: fmt.Errorf("unexpected value %q", old)}
+		return tier.FastResult{State: tier.FastSkipped, Err: fmt.Errorf("unexpected value %q", old)}
 	}
 }
 
@@ -190,7 +186,7 @@ func (f *Filter) MarkDone(ctx context.Context, scope string, events []guard.Even
 	err := f.call(ctx, func(ctx context.Context) error {
 		_, err := f.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, ev := range events {
-				p.Set(ctx, f.Key(scope, ev.ID), donePrefix+hex.EncodeToString(ev.Hash), f.cfg.DoneTTL)
+				p.Set(ctx, fastkey.Key(f.cfg.Prefix, scope, ev.ID), donePrefix+hex.EncodeToString(ev.Hash), f.cfg.DoneTTL)
 			}
 			return nil
 		})
@@ -211,11 +207,11 @@ const releaseScript = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redi
 // Release compare-and-deletes the leases, one script call per key in one
 // pipeline (which a cluster client splits by node): a key is removed only
 // while it still holds the caller's pending token.
-func (f *Filter) Release(ctx context.Context, scope string, leases []guard.Lease) error {
+func (f *Filter) Release(ctx context.Context, scope string, leases []tier.Lease) error {
 	err := f.call(ctx, func(ctx context.Context) error {
 		_, err := f.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, l := range leases {
-				p.Eval(ctx, releaseScript, []string{f.Key(scope, l.ID)}, pendingPrefix+l.Token)
+				p.Eval(ctx, releaseScript, []string{fastkey.Key(f.cfg.Prefix, scope, l.ID)}, pendingPrefix+l.Token)
 			}
 			return nil
 		})
@@ -261,51 +257,4 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
 	return hex.EncodeToString(b)
-}
-
-// Marker is what the fast tier holds for one event, for operators.
-type Marker struct {
-	// State is FastPending for a lease (some consumer holds it, or held it
-	// and crashed), FastDone for a done marker, FastSkipped for no key.
-	State guard.FastState
-	// Hash is the committed payload hash of a done marker.
-	Hash []byte
-	// TTL is how long the key has left to live.
-	TTL time.Duration
-}
-
-// Inspect reads the key of one event, without the breaker: for tools, not
-// for the event path.
-func (f *Filter) Inspect(ctx context.Context, scope, id string) (Marker, error) {
-	ctx, cancel := context.WithTimeout(ctx, max(f.cfg.Timeout, time.Second))
-	defer cancel()
-	key := f.Key(scope, id)
-	var get *redis.StringCmd
-	var ttl *redis.DurationCmd
-	_, err := f.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		get = p.Get(ctx, key)
-		ttl = p.PTTL(ctx, key)
-		return nil
-	})
-	v, gerr := get.Result()
-	switch {
-	case errors.Is(gerr, redis.Nil):
-		return Marker{State: guard.FastSkipped}, nil
-	case err != nil:
-		return Marker{}, fmt.Errorf("redistier: inspect %q: %w", key, err)
-	}
-	m := Marker{TTL: ttl.Val()}
-	switch {
-	case strings.HasPrefix(v, donePrefix):
-		m.State = guard.FastDone
-		m.Hash, err = hex.DecodeString(v[len(donePrefix):])
-		if err != nil {
-			return Marker{}, fmt.Errorf("redistier: inspect %q: bad done marker %q", key, v)
-		}
-	case strings.HasPrefix(v, pendingPrefix):
-		m.State = guard.FastPending
-	default:
-		return Marker{}, fmt.Errorf("redistier: inspect %q: unexpected value %q", key, v)
-	}
-	return m, nil
 }

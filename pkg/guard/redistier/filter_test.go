@@ -14,7 +14,10 @@ import (
 	"github.com/sony/gobreaker/v2"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/fastkey"
+	"github.com/idemhq/idem/internal/redisfault"
 	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/guardtest"
 	"github.com/idemhq/idem/pkg/guard/redistier"
@@ -52,17 +55,17 @@ func TestFastPathSuiteRedis(t *testing.T) {
 
 var e1 = guard.Event{ID: "evt_1", Hash: guard.HashFields("evt_1")}
 
-func claim(f *redistier.Filter, ctx context.Context) guard.FastResult {
+func claim(f *redistier.Filter, ctx context.Context) tier.FastResult {
 	return f.Claim(ctx, "svc", []guard.Event{e1})[0]
 }
 
 func TestLeaseExpiresSoACrashedClaimFreesItself(t *testing.T) {
 	m, rdb := miniClient(t)
 	f := newFilter(t, rdb, redistier.Config{Lease: 5 * time.Second})
-	require.Equal(t, guard.FastAcquired, claim(f, context.Background()).State)
-	require.Equal(t, guard.FastPending, claim(f, context.Background()).State)
+	require.Equal(t, tier.FastAcquired, claim(f, context.Background()).State)
+	require.Equal(t, tier.FastPending, claim(f, context.Background()).State)
 	m.FastForward(5 * time.Second)
-	require.Equal(t, guard.FastAcquired, claim(f, context.Background()).State)
+	require.Equal(t, tier.FastAcquired, claim(f, context.Background()).State)
 }
 
 func TestDoneMarkerExpiresAfterDoneTTL(t *testing.T) {
@@ -70,9 +73,9 @@ func TestDoneMarkerExpiresAfterDoneTTL(t *testing.T) {
 	f := newFilter(t, rdb, redistier.Config{DoneTTL: time.Hour})
 	require.NoError(t, f.MarkDone(context.Background(), "svc", []guard.Event{e1}))
 	m.FastForward(59 * time.Minute)
-	require.Equal(t, guard.FastDone, claim(f, context.Background()).State)
+	require.Equal(t, tier.FastDone, claim(f, context.Background()).State)
 	m.FastForward(time.Minute)
-	require.Equal(t, guard.FastAcquired, claim(f, context.Background()).State)
+	require.Equal(t, tier.FastAcquired, claim(f, context.Background()).State)
 }
 
 func TestFlushForgetsEverything(t *testing.T) {
@@ -81,7 +84,7 @@ func TestFlushForgetsEverything(t *testing.T) {
 	require.NoError(t, f.MarkDone(context.Background(), "svc", []guard.Event{e1}))
 	m.FlushAll()
 	// Not done any more: the guard must now ask Postgres, which still knows.
-	require.Equal(t, guard.FastAcquired, claim(f, context.Background()).State)
+	require.Equal(t, tier.FastAcquired, claim(f, context.Background()).State)
 }
 
 func TestKeyLayout(t *testing.T) {
@@ -113,7 +116,7 @@ func TestErrorsSkipAndOpenTheBreaker(t *testing.T) {
 	m.SetError("LOADING Redis is loading the dataset in memory")
 	for range 3 {
 		r := claim(f, context.Background())
-		require.Equal(t, guard.FastSkipped, r.State)
+		require.Equal(t, tier.FastSkipped, r.State)
 		require.ErrorContains(t, r.Err, "LOADING")
 	}
 	require.Equal(t, "open", f.BreakerState())
@@ -123,7 +126,7 @@ func TestErrorsSkipAndOpenTheBreaker(t *testing.T) {
 	m.SetError("")
 	before := m.CommandCount()
 	r := claim(f, context.Background())
-	require.Equal(t, guard.FastSkipped, r.State)
+	require.Equal(t, tier.FastSkipped, r.State)
 	require.ErrorIs(t, r.Err, gobreaker.ErrOpenState)
 	require.Error(t, f.MarkDone(context.Background(), "svc", []guard.Event{e1}))
 	require.Equal(t, before, m.CommandCount())
@@ -163,7 +166,7 @@ func TestHungRedisIsCutOffByTheCallDeadline(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	f := newFilter(t, rdb, redistier.Config{Timeout: 30 * time.Millisecond})
 	r := claim(f, context.Background())
-	require.Equal(t, guard.FastSkipped, r.State)
+	require.Equal(t, tier.FastSkipped, r.State)
 	require.True(t, errors.Is(r.Err, context.DeadlineExceeded) || isTimeout(r.Err), "want a deadline error, got %v", r.Err)
 }
 
@@ -180,7 +183,7 @@ func TestCallerCancellationNeverTripsTheBreaker(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 		r := claim(f, ctx)
 		cancel()
-		require.Equal(t, guard.FastSkipped, r.State)
+		require.Equal(t, tier.FastSkipped, r.State)
 	}
 	require.Equal(t, "closed", f.BreakerState())
 }
@@ -199,25 +202,25 @@ func TestInspectReadsLeaseAndMarker(t *testing.T) {
 	_, rdb := miniClient(t)
 	f := newFilter(t, rdb, redistier.Config{Lease: 5 * time.Second, DoneTTL: time.Hour})
 	ctx := context.Background()
-	m, err := f.Inspect(ctx, "svc", e1.ID)
+	m, err := fastkey.Inspect(ctx, rdb, "idem", "svc", e1.ID)
 	require.NoError(t, err)
-	require.Equal(t, guard.FastSkipped, m.State, "no key")
+	require.Equal(t, tier.FastSkipped, m.State, "no key")
 
-	require.Equal(t, guard.FastAcquired, claim(f, ctx).State)
-	m, err = f.Inspect(ctx, "svc", e1.ID)
+	require.Equal(t, tier.FastAcquired, claim(f, ctx).State)
+	m, err = fastkey.Inspect(ctx, rdb, "idem", "svc", e1.ID)
 	require.NoError(t, err)
-	require.Equal(t, guard.FastPending, m.State)
+	require.Equal(t, tier.FastPending, m.State)
 	require.InDelta(t, 5*time.Second, m.TTL, float64(time.Second))
 
 	require.NoError(t, f.MarkDone(ctx, "svc", []guard.Event{e1}))
-	m, err = f.Inspect(ctx, "svc", e1.ID)
+	m, err = fastkey.Inspect(ctx, rdb, "idem", "svc", e1.ID)
 	require.NoError(t, err)
-	require.Equal(t, guard.FastDone, m.State)
+	require.Equal(t, tier.FastDone, m.State)
 	require.Equal(t, e1.Hash, m.Hash)
 	require.InDelta(t, time.Hour, m.TTL, float64(time.Second))
 
-	require.NoError(t, rdb.Set(ctx, f.Key("svc", e1.ID), "garbage", 0).Err())
-	_, err = f.Inspect(ctx, "svc", e1.ID)
+	require.NoError(t, rdb.Set(ctx, fastkey.Key("idem", "svc", e1.ID), "garbage", 0).Err())
+	_, err = fastkey.Inspect(ctx, rdb, "idem", "svc", e1.ID)
 	require.ErrorContains(t, err, "unexpected value")
 }
 
@@ -226,20 +229,20 @@ func TestErrorKinds(t *testing.T) {
 		err  error
 		kind string
 	}{
-		{gobreaker.ErrOpenState, redistier.KindBreakerOpen},
-		{context.DeadlineExceeded, redistier.KindTimeout},
-		{context.Canceled, redistier.KindCanceled},
-		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, redistier.KindConnection},
-		{redis.ErrClosed, redistier.KindConnection},
-		{errors.New("something else"), redistier.KindOther},
+		{gobreaker.ErrOpenState, redisfault.KindBreakerOpen},
+		{context.DeadlineExceeded, redisfault.KindTimeout},
+		{context.Canceled, redisfault.KindCanceled},
+		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, redisfault.KindConnection},
+		{redis.ErrClosed, redisfault.KindConnection},
+		{errors.New("something else"), redisfault.KindOther},
 	} {
-		require.Equal(t, c.kind, redistier.ErrorKind(c.err), "%v", c.err)
+		require.Equal(t, c.kind, redisfault.Kind(c.err), "%v", c.err)
 	}
 	// A reply error from a real server.
 	_, rdb := miniClient(t)
 	err := rdb.Do(context.Background(), "NOSUCHCOMMAND").Err()
 	require.Error(t, err)
-	require.Equal(t, redistier.KindServer, redistier.ErrorKind(err))
+	require.Equal(t, redisfault.KindServer, redisfault.Kind(err))
 }
 
 // TestPartlyFailedClaimKeepsItsAnswersAndCountsAsAFailure: a pipeline whose
@@ -254,9 +257,9 @@ func TestPartlyFailedClaimKeepsItsAnswersAndCountsAsAFailure(t *testing.T) {
 	for i := range 2 {
 		good := guard.Event{ID: fmt.Sprintf("good_%d", i), Hash: guard.HashFields("good")}
 		res := f.Claim(context.Background(), "svc", []guard.Event{good, bad})
-		require.Equal(t, guard.FastAcquired, res[0].State, "the readable key keeps its lease")
+		require.Equal(t, tier.FastAcquired, res[0].State, "the readable key keeps its lease")
 		require.NotEmpty(t, res[0].Token)
-		require.Equal(t, guard.FastSkipped, res[1].State)
+		require.Equal(t, tier.FastSkipped, res[1].State)
 		require.ErrorContains(t, res[1].Err, "unexpected value")
 		time.Sleep(2 * time.Millisecond)
 	}

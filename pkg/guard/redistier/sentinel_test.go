@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/internal/sandbox"
+	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -23,10 +24,10 @@ func TestSentinelFailoverResumesTheFastTier(t *testing.T) {
 	t.Cleanup(s.Kill)
 	f := failoverFilter(t, "sentinel", s.URL())
 	ctx := context.Background()
-	claim := func(i int) []guard.FastResult {
+	claim := func(i int) []tier.FastResult {
 		return f.Claim(ctx, "svc", []guard.Event{{ID: fmt.Sprintf("evt_%d", i), Hash: guard.HashFields("x")}})
 	}
-	require.Equal(t, guard.FastAcquired, claim(-1)[0].State)
+	require.Equal(t, tier.FastAcquired, claim(-1)[0].State)
 
 	s.Master.Kill()
 	took, failed := requireResumes(t, claim)

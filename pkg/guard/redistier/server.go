@@ -10,16 +10,16 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// MinRedisVersion is the oldest Redis the fast tier works with: Claim's
+// minRedisVersion is the oldest Redis the fast tier works with: Claim's
 // SET … NX PX … GET arrived in 7.0. On an older server every Claim fails,
 // the breaker stays open, and the tier is silently off.
-const MinRedisVersion = "7.0"
+const minRedisVersion = "7.0"
 
-// ErrRedisTooOld is returned by CheckServer for a Redis older than MinRedisVersion.
+// ErrRedisTooOld is returned by CheckServer for a Redis older than minRedisVersion.
 var ErrRedisTooOld = errors.New("redis is too old for the fast tier")
 
 // CheckServer asks the server for its version and returns ErrRedisTooOld
-// (wrapped with the version) if it is older than MinRedisVersion. Call it at
+// (wrapped with the version) if it is older than minRedisVersion. Call it at
 // start: on an older Redis, turn the fast tier off or upgrade. A server that
 // does not answer is a plain error; the breaker handles that at run time.
 func CheckServer(ctx context.Context, rdb redis.UniversalClient) error {
@@ -44,7 +44,7 @@ func checkVersion(info string) error {
 			return fmt.Errorf("redis INFO server: unreadable redis_version %q", v)
 		}
 		if maj < 7 {
-			return fmt.Errorf("%w: %s lacks SET … GET; it needs %s or later", ErrRedisTooOld, v, MinRedisVersion)
+			return fmt.Errorf("%w: %s lacks SET … GET; it needs %s or later", ErrRedisTooOld, v, minRedisVersion)
 		}
 		return nil
 	}

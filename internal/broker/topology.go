@@ -1,4 +1,4 @@
-package consumer
+package broker
 
 import (
 	"fmt"
@@ -9,6 +9,10 @@ import (
 
 	"github.com/idemhq/idem/pkg/partition"
 )
+
+// DefaultDeliveryLimit is a queue's x-delivery-limit unless configured
+// (consumer.Config.BrokerDeliveryLimit).
+const DefaultDeliveryLimit = 20
 
 // Topology names what a consumer declares. Every member of a fleet must
 // declare it identically; RabbitMQ refuses a redeclaration with other
@@ -22,7 +26,7 @@ type Topology struct {
 	// queue's: Queue.0 to Queue.<Partitions-1>. An event goes to the queue
 	// of partition.Of(key, Partitions) for its partition key, so that the
 	// events of one key reach one queue in the order they were published
-	// (applied in that order only with Config.KeyOrder and one consumer
+	// (applied in that order only with consumer.Config.KeyOrder and one consumer
 	// per partition). 0 or 1: one queue, named Queue.
 	Partitions int
 	// DeadLetterExchange is a durable direct exchange routing to DeadLetterQueue.
@@ -41,7 +45,7 @@ type Topology struct {
 // brokerDeliveryLimit is Config's default.
 func TopologyFor(queue string, brokerDeliveryLimit int) Topology {
 	if brokerDeliveryLimit == 0 {
-		brokerDeliveryLimit = defaultBrokerDeliveryLimit
+		brokerDeliveryLimit = DefaultDeliveryLimit
 	}
 	return Topology{
 		Queue:               queue,

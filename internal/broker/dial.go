@@ -1,4 +1,4 @@
-package consumer
+package broker
 
 import (
 	"errors"
@@ -42,3 +42,7 @@ func Dial(urls []string, start int, cfg amqp.Config) (*amqp.Connection, int, err
 	}
 	return nil, 0, errors.Join(errs...)
 }
+
+// PublishingConnectionSuffix ends the name of a consumer's publishing
+// connection: consumer.Config.ConnectionName + PublishingConnectionSuffix.
+const PublishingConnectionSuffix = "-publish"

@@ -1,4 +1,7 @@
-package pgtier
+// Package pgerr classifies PostgreSQL errors for the consumer and the
+// start-up: which say the server is away (retry the same delivery), and
+// which SQLSTATE an error carries.
+package pgerr
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package pgtier
+package pgerr
 
 import (
 	"context"

@@ -1,4 +1,6 @@
-package redistier
+// Package redisfault sorts the fast tier's faults into the few kinds its
+// metrics and alerts count.
+package redisfault
 
 import (
 	"context"
@@ -11,7 +13,11 @@ import (
 	"github.com/sony/gobreaker/v2"
 )
 
-// Kinds of fast-tier fault that ErrorKind returns.
+// ErrCallerGone marks a Redis call abandoned because the caller's context
+// ended: it says nothing of Redis, so the breaker does not count it.
+var ErrCallerGone = errors.New("caller context done")
+
+// Kinds of fast-tier fault that Kind returns.
 const (
 	KindBreakerOpen = "breaker_open" // the breaker refused the call; Redis was not asked
 	KindTimeout     = "timeout"      // the call's deadline passed
@@ -21,21 +27,21 @@ const (
 	KindOther       = "other"
 )
 
-// ErrorKinds lists every kind ErrorKind returns, for metrics that want a
+// Kinds lists every kind Kind returns, for metrics that want a
 // zero for each.
-func ErrorKinds() []string {
+func Kinds() []string {
 	return []string{KindBreakerOpen, KindTimeout, KindConnection, KindServer, KindCanceled, KindOther}
 }
 
-// ErrorKind sorts a fault of the fast tier into a small set of kinds, for
+// Kind sorts a fault of the fast tier into a small set of kinds, for
 // metrics and alerts.
-func ErrorKind(err error) string {
+func Kind(err error) string {
 	var rerr redis.Error
 	var nerr net.Error
 	switch {
 	case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):
 		return KindBreakerOpen
-	case errors.Is(err, errCallerGone), errors.Is(err, context.Canceled):
+	case errors.Is(err, ErrCallerGone), errors.Is(err, context.Canceled):
 		return KindCanceled
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &nerr) && nerr.Timeout():
 		return KindTimeout

@@ -1,0 +1,93 @@
+// Package tier holds the answers the guard's two tiers give it: the fast
+// tier's per-event state and leases, and the store's claim results. They
+// are idem's own, so that the tiers' interfaces cannot be implemented
+// outside idem (the safety argument covers the tiers it ships).
+package tier
+
+import "fmt"
+
+// FastState is the fast tier's answer for one event.
+type FastState int
+
+const (
+	// FastSkipped: the tier was not asked or did not answer (breaker open,
+	// timeout, error). Go to the store.
+	FastSkipped FastState = iota
+	// FastAcquired: the caller now holds the lease (Token).
+	FastAcquired
+	// FastPending: another consumer holds a lease. It may be processing the
+	// event right now, or it may have crashed: go to the store, which
+	// serialises the two.
+	FastPending
+	// FastDone: the event committed before, with payload hash Hash.
+	FastDone
+)
+
+func (s FastState) String() string {
+	switch s {
+	case FastAcquired:
+		return "acquired"
+	case FastPending:
+		return "pending"
+	case FastDone:
+		return "done"
+	}
+	return "skipped"
+}
+
+// FastResult is the fast tier's answer for one event of a Claim.
+type FastResult struct {
+	State FastState
+	Token string // the caller's lease token, when State is FastAcquired
+	Hash  []byte // the committed payload hash, when State is FastDone
+	Err   error  // why the tier was skipped, when State is FastSkipped
+}
+
+// Lease names a lease that a Claim acquired.
+type Lease struct {
+	ID    string
+	Token string
+}
+
+// ClaimResult is the store's answer for one event of a Claim.
+type ClaimResult int
+
+const (
+	// ClaimInserted: the row is ours; apply the effect in the same tx.
+	ClaimInserted ClaimResult = iota + 1
+	// ClaimDuplicate: a committed row with the same payload hash exists.
+	ClaimDuplicate
+	// ClaimConflict: a committed row with a different payload hash exists.
+	ClaimConflict
+	// ClaimExpired: no row exists, and the event is older than the replay
+	// horizon the store enforces: its row may have been pruned. Refused.
+	ClaimExpired
+	// ClaimFuture: no row exists, and the event's time is further ahead
+	// than the store's clock skew allows. Refused.
+	ClaimFuture
+	// ClaimUntimed: no row exists, the event has no time, and the store has
+	// pruned rows. Refused.
+	ClaimUntimed
+)
+
+// Refused reports whether the store refused to claim the event
+// (ClaimExpired, ClaimFuture or ClaimUntimed).
+func (r ClaimResult) Refused() bool { return r >= ClaimExpired && r <= ClaimUntimed }
+
+func (r ClaimResult) String() string {
+	switch r {
+	case ClaimInserted:
+		return "inserted"
+	case ClaimDuplicate:
+		return "duplicate"
+	case ClaimConflict:
+		return "conflict"
+	case ClaimExpired:
+		return "expired"
+	case ClaimFuture:
+		return "future"
+	case ClaimUntimed:
+		return "untimed"
+	}
+	return fmt.Sprintf("ClaimResult(%d)", int(r))
+}
