@@ -76,7 +76,8 @@ type Consumer struct {
 	// per process. Defaults to 2.
 	Workers int `yaml:"workers"`
 	// BatchSize is the most deliveries handled in one transaction; 1
-	// handles each on its own. At most prefetch. Defaults to 256.
+	// handles each on its own. At most prefetch. Defaults to 256, or
+	// prefetch if lower.
 	BatchSize int `yaml:"batch_size"`
 	// BatchLinger is how long a batch that is not full waits for more
 	// deliveries while no other batch is in flight (three times as long
@@ -290,6 +291,7 @@ func (c Config) FastConfig() redistier.Config {
 // the caller to log once.
 func Load(path string, environ []string) (Config, error) {
 	cfg := Default()
+	cfg.Consumer.BatchSize = 0 // unless set: 256, or prefetch if lower
 	if path != "" {
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -301,6 +303,9 @@ func Load(path string, environ []string) (Config, error) {
 	}
 	if err := applyEnv(&cfg, environ); err != nil {
 		return cfg, err
+	}
+	if cfg.Consumer.BatchSize == 0 {
+		cfg.Consumer.BatchSize = min(Default().Consumer.BatchSize, cfg.Consumer.Prefetch)
 	}
 	if cfg.Postgres.MaxConns == 0 {
 		cfg.Postgres.MaxConns = int32(cfg.Consumer.Workers + 4)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard/redistier"
 )
 
@@ -170,4 +171,30 @@ func TestReadmeListsEverySetting(t *testing.T) {
 		require.Contains(t, string(b), "`"+f.Path+"`", "README misses setting %s", f.Path)
 		require.Contains(t, string(b), f.Env, "README misses env var %s", f.Env)
 	}
+}
+
+// TestBatchSizeFollowsAPrefetchBelowIt: an unset batch_size is 256, or the
+// prefetch if lower; one set above the prefetch is an error, not clamped.
+func TestBatchSizeFollowsAPrefetchBelowIt(t *testing.T) {
+	cfg, err := Load("", []string{"IDEM_CONSUMER_PREFETCH=10"})
+	require.NoError(t, err)
+	require.Equal(t, 10, cfg.Consumer.BatchSize)
+	cfg, err = Load("", nil)
+	require.NoError(t, err)
+	require.Equal(t, 256, cfg.Consumer.BatchSize)
+	_, err = Load("", []string{"IDEM_CONSUMER_PREFETCH=10", "IDEM_CONSUMER_BATCH_SIZE=20"})
+	require.ErrorContains(t, err, "consumer.batch_size: 20 exceeds consumer.prefetch (10)")
+}
+
+// TestDefaultsAreThePackagesOwn: the file's defaults are the library's,
+// so that a setting left out runs as a library user's would.
+func TestDefaultsAreThePackagesOwn(t *testing.T) {
+	d := Default()
+	c := d.ConsumerConfig()
+	c.URL, c.Queue, c.Partitions = "", "", 0
+	require.Equal(t, consumer.Config{}.WithDefaults().Retention, c.Retention)
+	lib := consumer.Config{}.WithDefaults()
+	lib.ConnectionName, lib.Observer, lib.Logger = "", nil, nil // the command's own
+	require.Equal(t, lib, c)
+	require.Equal(t, redistier.Config{}.WithDefaults(), d.FastConfig())
 }

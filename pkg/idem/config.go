@@ -27,8 +27,9 @@ type Config struct {
 	DatabaseURL string
 	// Databases are pools the service already has, in shard order: one,
 	// or one per shard of the authoritative tier (see guard.Config.Shards).
-	// Each must allow more connections than Consumer.Workers. The service
-	// does not close them.
+	// Each should allow more connections than Consumer.Workers (a warning
+	// is logged otherwise: batches would wait for a connection, within
+	// their HandlerTimeout). The service does not close them.
 	Databases []*pgxpool.Pool
 	// Redis is the fast tier's client. Its options must let the context's
 	// deadline bound each call (ContextTimeoutEnabled). The service does not
@@ -95,10 +96,6 @@ func (c *Config) validate() error {
 	for i, p := range c.Databases {
 		if p == nil {
 			return bad("Databases[%d] is nil", i)
-		}
-		if n := p.Config().MaxConns; int(n) <= c.Consumer.Workers {
-			return bad("Databases[%d] allows %d connections; Consumer.Workers (%d) batches each hold one, and pruning and probes need more: allow at least %d",
-				i, n, c.Consumer.Workers, c.Consumer.Workers+1)
 		}
 	}
 	if c.fastOn() {

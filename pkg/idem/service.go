@@ -57,6 +57,12 @@ func New[T any](cfg Config, h consumer.Handler[T]) (*Service[T], error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	for i, p := range cfg.Databases {
+		if n := int(p.Config().MaxConns); n <= cfg.Consumer.Workers {
+			cfg.Logger.Warn("a database pool is smaller than the workers: batches will wait for a connection",
+				"shard", i, "max_conns", n, "workers", cfg.Consumer.Workers)
+		}
+	}
 	s := &Service[T]{cfg: cfg, handler: h, log: cfg.Logger}
 	if err := s.open(); err != nil {
 		s.close()

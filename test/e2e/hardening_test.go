@@ -36,7 +36,7 @@ func (e *env) balance(user string) int64 {
 func TestNothingIsRetriedInPlaceForever(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "", "")
-	e.vars = append(e.vars, "IDEM_CONSUMER_DELIVERY_LIMIT=2", "IDEM_CONSUMER_WORKERS=2", "IDEM_CONSUMER_PREFETCH=2",
+	e.vars = append(e.vars, "IDEM_CONSUMER_DELIVERY_LIMIT=2", "IDEM_CONSUMER_WORKERS=2", "IDEM_CONSUMER_PREFETCH=2", "IDEM_CONSUMER_BATCH_SIZE=2",
 		"IDEM_CONSUMER_HANDLER_TIMEOUT=1s")
 	_, err := e.pool.Exec(context.Background(), `
 		CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -100,7 +100,7 @@ func TestPostgresOutageHoldsThenHandsBack(t *testing.T) {
 	t.Parallel()
 	pg := testenv.StartPostgres(t)
 	e := newEnvOn(t, "", "", pg.URL())
-	e.vars = append(e.vars, "IDEM_CONSUMER_STORE_HOLD=1s", "IDEM_CONSUMER_WORKERS=1", "IDEM_CONSUMER_PREFETCH=1")
+	e.vars = append(e.vars, "IDEM_CONSUMER_STORE_HOLD=1s", "IDEM_CONSUMER_WORKERS=1", "IDEM_CONSUMER_PREFETCH=1", "IDEM_CONSUMER_BATCH_SIZE=1")
 	c := e.consume("c0")
 	e.waitConsuming(c)
 	pg.Stop()

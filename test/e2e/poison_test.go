@@ -20,7 +20,7 @@ func TestMessageThatKillsEveryConsumerIsDeadLetteredByTheBroker(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "", "")
 	e.vars = append(e.vars, "IDEM_CONSUMER_DELIVERY_LIMIT=2", "IDEM_CONSUMER_BROKER_DELIVERY_LIMIT=3",
-		"IDEM_CONSUMER_PREFETCH=1", "IDEM_CONSUMER_WORKERS=1")
+		"IDEM_CONSUMER_PREFETCH=1", "IDEM_CONSUMER_BATCH_SIZE=1", "IDEM_CONSUMER_WORKERS=1")
 	e.brokerLimit = 3
 	e.publishRaw(body(`{"eventId":"evt_poison","userId":"user_1","type":"PAYMENT_COMPLETED","amount":5}`))
 
