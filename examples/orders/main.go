@@ -39,7 +39,7 @@ func main() {
 }
 
 func run(ctx context.Context, getenv func(string) string, log *slog.Logger) error {
-	// docs:begin orders
+	// docs:begin
 	reg := prometheus.NewRegistry()
 	svc, err := idem.New(idem.Config{
 		Scope:       "orders",
@@ -68,7 +68,7 @@ func run(ctx context.Context, getenv func(string) string, log *slog.Logger) erro
 		defer stopServing()
 	}
 	return svc.Run(ctx) // until SIGTERM, then drain
-	// docs:end orders
+	// docs:end
 }
 
 // serve serves h on addr until the returned func is called.
