@@ -82,13 +82,16 @@ func knownReasons() []string {
 	return slices.Sorted(slices.Values(append(wire.Reasons(), payments.Reasons()...)))
 }
 
-// checkReason refuses a --reason idem never writes (a typo would select
-// nothing and report success), naming the known ones.
-func checkReason(e *env, cmd, reason string) error {
-	if reason == "" || slices.Contains(knownReasons(), reason) {
+// checkReason refuses, once a walk is over, a --reason that matched no dead
+// letter and that idem never writes: a typo would select nothing and report
+// success. A handler's own reason (Reject's) is taken as soon as a dead
+// letter carries it, whatever the handler.
+func checkReason(e *env, cmd, reason string, matched int) error {
+	if reason == "" || matched > 0 || slices.Contains(knownReasons(), reason) {
 		return nil
 	}
-	return usageErr(e, "idem %s: --reason %q is not a reason idem writes; want one of: %s", cmd, reason, strings.Join(knownReasons(), ", "))
+	return usageErr(e, "idem %s: --reason %q matched no dead letter, and is not a reason idem writes (a handler's own reasons show in 'idem dlq list'); idem's are: %s",
+		cmd, reason, strings.Join(knownReasons(), ", "))
 }
 
 // openDLQ reads the config and connects to the broker.
@@ -185,9 +188,6 @@ was processed and both payload hashes.`)
 	if *limit < 1 {
 		return usageErr(e, "idem dlq show: -n must be at least 1, got %d", *limit)
 	}
-	if err := checkReason(e, "dlq show", f.reason); err != nil {
-		return err
-	}
 	cfg, q, err := e.openDLQ(*path)
 	if err != nil {
 		return err
@@ -210,6 +210,9 @@ was processed and both payload hashes.`)
 		return dlq.Keep, nil
 	})
 	if err != nil {
+		return err
+	}
+	if err := checkReason(e, "dlq show", f.reason, shown); err != nil {
 		return err
 	}
 	if shown == 0 {
@@ -315,9 +318,6 @@ replaying an event that was processed is a harmless duplicate. Say which:
 	if !*all && f.reason == "" && f.event == "" {
 		return usageErr(e, "idem dlq replay: say which dead letters: --reason R, --event ID, or --all")
 	}
-	if err := checkReason(e, "dlq replay", f.reason); err != nil {
-		return err
-	}
 	_, q, err := e.openDLQ(*path)
 	if err != nil {
 		return err
@@ -353,6 +353,13 @@ replaying an event that was processed is a harmless duplicate. Say which:
 		}
 		return dlq.Remove, nil
 	})
+	if err == nil {
+		// A partial walk still says what it did; an empty one with an
+		// unknown reason says why.
+		if err := checkReason(e, "dlq replay", f.reason, replayed); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintf(e.stdout, "%s %d dead letters to %s; %d others left in %s\n", verb, replayed, q.Work, kept, q.DLQ)
 	return err
 }
@@ -368,9 +375,6 @@ func runDLQPurge(ctx context.Context, e *env, args []string) error {
 	if !*yes {
 		return usageErr(e, "idem dlq purge: deleting dead letters cannot be undone; add --yes (see them first with 'idem dlq show')")
 	}
-	if err := checkReason(e, "dlq purge", *reason); err != nil {
-		return err
-	}
 	_, q, err := e.openDLQ(*path)
 	if err != nil {
 		return err
@@ -384,6 +388,13 @@ func runDLQPurge(ctx context.Context, e *env, args []string) error {
 		purged++
 		return dlq.Remove, nil
 	})
+	if err == nil {
+		// A partial walk still says what it did; an empty one with an
+		// unknown reason says why.
+		if err := checkReason(e, "dlq purge", *reason, purged); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintf(e.stdout, "purged %d dead letters from %s\n", purged, q.DLQ)
 	return err
 }

@@ -6,12 +6,15 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemhq/idem/internal/config"
 	"github.com/idemhq/idem/internal/fastkey"
 	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/guard"
@@ -22,9 +25,11 @@ func runInspect(ctx context.Context, e *env, args []string) error {
 
 Shows, for one event ID in the configured scope, what each tier holds: the
 Redis key (pending lease or done marker, payload hash, time to live), the
-dedup row (when it was processed, payload hash) and the reference handler's
-effect (ledger rows and the user's balance). With postgres.shards it looks on
-every shard: an event ID alone does not say which shard its user maps to.`)
+dedup row (when it was processed, payload hash), and, where the reference
+payments handler's tables are in the schema, its effect (ledger rows and the
+user's balance). It works for any handler's database: without those tables
+it shows the guard's tiers alone. With postgres.shards it looks on every
+shard: an event ID alone does not say which shard its user maps to.`)
 	path := fs.String("config", "", "YAML config `file`")
 	// Flags may come before or after the event ID.
 	var ids []string
@@ -56,101 +61,140 @@ every shard: an event ID alone does not say which shard its user maps to.`)
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	defer tw.Flush()
 	fmt.Fprintf(tw, "event:\t%s (scope %s)\n", id, cfg.Scope)
-
-	// Redis.
-	if !cfg.Redis.Enabled {
-		fmt.Fprintln(tw, "redis:\tnot in use (redis.enabled is false)")
-	} else {
-		rdb, err := cfg.RedisClient()
-		if err != nil {
-			return err
-		}
-		defer rdb.Close()
-		key := fastkey.Key(cfg.Redis.Prefix, cfg.Scope, id)
-		m, err := fastkey.Inspect(ctx, rdb, cfg.Redis.Prefix, cfg.Scope, id)
-		switch {
-		case err != nil:
-			fmt.Fprintf(tw, "redis %s:\tunreachable: %v\n", key, err)
-		case m.State == tier.FastDone:
-			fmt.Fprintf(tw, "redis %s:\tdone, payload hash %s, expires in %s\n", key, hex.EncodeToString(m.Hash), m.TTL.Round(time.Second))
-		case m.State == tier.FastPending:
-			fmt.Fprintf(tw, "redis %s:\tpending: a consumer holds the lease, expires in %s\n", key, m.TTL.Round(time.Millisecond))
-		default:
-			fmt.Fprintf(tw, "redis %s:\tno key (never seen, expired, evicted or flushed)\n", key)
-		}
+	if err := inspectRedis(ctx, tw, cfg, id); err != nil {
+		return err
 	}
-
-	var hash []byte
-	rowsFound, n := 0, 0
+	var rows, applied int
+	var effects bool
 	for i, pool := range dbs {
 		on := ""
 		if name := dbs.name(i); name != "" {
 			on = " (" + name + ")"
 		}
-		// The dedup row.
-		var at time.Time
-		var h []byte
-		err = pool.QueryRow(ctx, `SELECT processed_at, payload_hash FROM idem_processed WHERE scope = $1 AND event_id = $2`, cfg.Scope, id).Scan(&at, &h)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			if len(dbs) == 1 {
-				fmt.Fprintln(tw, "dedup row:\tnone: not processed (or pruned past postgres.retention)")
-			}
-		case err != nil:
-			return dbErr(err)
-		default:
-			hash = h
-			rowsFound++
-			fmt.Fprintf(tw, "dedup row%s:\tprocessed %s (%s ago), payload hash %s\n", on, at.UTC().Format(time.RFC3339Nano), time.Since(at).Round(time.Second), hex.EncodeToString(h))
-		}
-
-		// The reference handler's effect.
-		rows, err := pool.Query(ctx, `SELECT user_id, amount, applied_at FROM payments_ledger WHERE event_id = $1 ORDER BY id`, id)
+		found, err := inspectDedupRow(ctx, tw, pool, cfg.Scope, id, on, len(dbs) == 1)
 		if err != nil {
-			return dbErr(err)
+			return err
 		}
-		var users []string
-		for rows.Next() {
-			var user string
-			var amount int64
-			var applied time.Time
-			if err := rows.Scan(&user, &amount, &applied); err != nil {
-				return fmt.Errorf("database: %w", err)
-			}
-			n++
-			users = append(users, user)
-			fmt.Fprintf(tw, "ledger row %d%s:\tuser %s, amount %d, applied %s\n", n, on, user, amount, applied.UTC().Format(time.RFC3339Nano))
+		if found {
+			rows++
 		}
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("database: %w", err)
+		n, shown, err := inspectPayment(ctx, tw, pool, id, on)
+		if err != nil {
+			return err
 		}
-		if len(users) > 0 {
-			var balance int64
-			if err := pool.QueryRow(ctx, `SELECT balance FROM account_balances WHERE user_id = $1`, users[0]).Scan(&balance); err == nil {
-				fmt.Fprintf(tw, "balance of %s%s:\t%d\n", users[0], on, balance)
-			}
-		}
+		applied, effects = applied+n, effects || shown
 	}
-	if len(dbs) > 1 && rowsFound == 0 {
+	if len(dbs) > 1 && rows == 0 {
 		fmt.Fprintf(tw, "dedup row:\tnone on any of %d shards: not processed (or pruned past postgres.retention)\n", len(dbs))
 	}
-	if rowsFound > 1 {
-		fmt.Fprintf(tw, "verdict:\tDEDUP ROWS ON %d SHARDS: the ID came with userIds on different shards (a conflict sharding cannot see)\n", rowsFound)
+	fmt.Fprintf(tw, "verdict:\t%s\n", inspectVerdict(rows, applied, effects))
+	return nil
+}
+
+// inspectRedis prints the event's key in the fast tier.
+func inspectRedis(ctx context.Context, tw io.Writer, cfg config.Config, id string) error {
+	if !cfg.Redis.Enabled {
+		fmt.Fprintln(tw, "redis:\tnot in use (redis.enabled is false)")
 		return nil
 	}
+	rdb, err := cfg.RedisClient()
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	key := fastkey.Key(cfg.Redis.Prefix, cfg.Scope, id)
+	m, err := fastkey.Inspect(ctx, rdb, cfg.Redis.Prefix, cfg.Scope, id)
 	switch {
-	case n == 0 && hash == nil:
-		fmt.Fprintln(tw, "verdict:\tnot processed")
-	case n == 1 && hash != nil:
-		fmt.Fprintln(tw, "verdict:\tprocessed once")
-	case n > 1:
-		fmt.Fprintf(tw, "verdict:\tAPPLIED %d TIMES\n", n)
-	case n == 0:
-		fmt.Fprintln(tw, "verdict:\tdedup row without a ledger row (another handler's event, or the ledger was changed)")
+	case err != nil:
+		fmt.Fprintf(tw, "redis %s:\tunreachable: %v\n", key, err)
+	case m.State == tier.FastDone:
+		fmt.Fprintf(tw, "redis %s:\tdone, payload hash %s, expires in %s\n", key, hex.EncodeToString(m.Hash), m.TTL.Round(time.Second))
+	case m.State == tier.FastPending:
+		fmt.Fprintf(tw, "redis %s:\tpending lease (a consumer holds it, or held it and crashed), expires in %s\n", key, m.TTL.Round(time.Second))
 	default:
-		fmt.Fprintln(tw, "verdict:\tledger row without a dedup row (the row was pruned)")
+		fmt.Fprintf(tw, "redis %s:\tno key (never claimed, expired, or evicted)\n", key)
 	}
 	return nil
+}
+
+// inspectDedupRow prints the event's dedup row in one database and reports
+// whether there is one. alone says the database is the only one, where no
+// row is worth a line.
+func inspectDedupRow(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, scope, id, on string, alone bool) (bool, error) {
+	var at time.Time
+	var h []byte
+	err := pool.QueryRow(ctx, `SELECT processed_at, payload_hash FROM idem_processed WHERE scope = $1 AND event_id = $2`, scope, id).Scan(&at, &h)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		if alone {
+			fmt.Fprintln(tw, "dedup row:\tnone: not processed (or pruned past postgres.retention)")
+		}
+		return false, nil
+	case err != nil:
+		return false, dbErr(err)
+	}
+	fmt.Fprintf(tw, "dedup row%s:\tprocessed %s (%s ago), payload hash %s\n", on, at.UTC().Format(time.RFC3339Nano), time.Since(at).Round(time.Second), hex.EncodeToString(h))
+	return true, nil
+}
+
+// inspectPayment prints the reference handler's effect of the event, if
+// its tables are in the schema: ledger rows and the user's balance. It
+// returns how many ledger rows there are and whether it could look.
+func inspectPayment(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, id, on string) (int, bool, error) {
+	var present bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('payments_ledger') IS NOT NULL`).Scan(&present); err != nil {
+		return 0, false, dbErr(err)
+	}
+	if !present {
+		fmt.Fprintf(tw, "effects%s:\tnot shown: this schema has no payments_ledger (another handler's tables); the tiers above say whether the event committed\n", on)
+		return 0, false, nil
+	}
+	rows, err := pool.Query(ctx, `SELECT user_id, amount, applied_at FROM payments_ledger WHERE event_id = $1 ORDER BY id`, id)
+	if err != nil {
+		return 0, true, dbErr(err)
+	}
+	n, user := 0, ""
+	for rows.Next() {
+		var amount int64
+		var applied time.Time
+		if err := rows.Scan(&user, &amount, &applied); err != nil {
+			return n, true, fmt.Errorf("database: %w", err)
+		}
+		n++
+		fmt.Fprintf(tw, "ledger row %d%s:\tuser %s, amount %d, applied %s\n", n, on, user, amount, applied.UTC().Format(time.RFC3339Nano))
+	}
+	if err := rows.Err(); err != nil {
+		return n, true, fmt.Errorf("database: %w", err)
+	}
+	if n > 0 {
+		var balance int64
+		if err := pool.QueryRow(ctx, `SELECT balance FROM account_balances WHERE user_id = $1`, user).Scan(&balance); err == nil {
+			fmt.Fprintf(tw, "balance of %s%s:\t%d\n", user, on, balance)
+		}
+	}
+	return n, true, nil
+}
+
+// inspectVerdict sums up: rows is dedup rows found (on how many shards),
+// applied the ledger rows, effects whether they could be looked at.
+func inspectVerdict(rows, applied int, effects bool) string {
+	switch {
+	case rows > 1:
+		return fmt.Sprintf("DEDUP ROWS ON %d SHARDS: the ID came with keys on different shards (a conflict sharding cannot see)", rows)
+	case !effects && rows == 1:
+		return "processed: its dedup row committed, with the handler's effect in the same transaction"
+	case !effects:
+		return "not processed"
+	case applied == 0 && rows == 0:
+		return "not processed"
+	case applied == 1 && rows == 1:
+		return "processed once"
+	case applied > 1:
+		return fmt.Sprintf("APPLIED %d TIMES", applied)
+	case applied == 0:
+		return "dedup row without a ledger row (another handler's event, or the ledger was changed)"
+	}
+	return "ledger row without a dedup row (the row was pruned)"
 }
 
 // dbErr names the setting to look at, and the likely fix for missing tables.

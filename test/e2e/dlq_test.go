@@ -70,7 +70,7 @@ func TestDeadLetterTools(t *testing.T) {
 	waitDLQ(4)
 	// A reason idem never writes is refused, naming the known ones.
 	out = usage("dlq", "purge", "--reason", "invalid_jsn", "--yes")
-	require.Contains(t, out, `"invalid_jsn" is not a reason idem writes`)
+	require.Contains(t, out, `"invalid_jsn" matched no dead letter, and is not a reason idem writes`)
 	require.Contains(t, out, "invalid_json")
 	usage("dlq", "show", "-n", "0")
 
