@@ -6,7 +6,7 @@ export PATH := /usr/local/go/bin:$(PATH)
 
 ## demo: start the local services, then run a fleet of consumers on a stream with duplicates and verify it
 demo: services build
-	./bin/idem demo
+	./bin/idem-lab demo
 
 ## test: start the local services, then run every test (unit, Postgres, Redis, RabbitMQ, crash and chaos) with -race
 test: services
@@ -16,8 +16,10 @@ test: services
 services:
 	@bash .ci/services.sh
 
+## build: bin/idem, the shipped binary, and bin/idem-lab, the harness (demo, chaos, lab, bench)
 build:
 	$(GO) build -buildvcs=auto -o bin/idem ./cmd/idem
+	$(GO) build -buildvcs=auto -o bin/idem-lab ./cmd/idem-lab
 
 lint:
 	@test -z "$$(gofmt -l .)" || (gofmt -l .; exit 1)
@@ -25,22 +27,22 @@ lint:
 
 ## chaos: ten minutes of the fleet under every fault kind, ending in a verdict and an HTML timeline (CHAOS_FLAGS to change it)
 chaos: services build
-	./bin/idem chaos --duration 10m --dir chaos-report $(CHAOS_FLAGS)
+	./bin/idem-lab chaos --duration 10m --dir chaos-report $(CHAOS_FLAGS)
 
 ## lab: the five approaches (and SET NX claim-first) side by side on the same stream and faults
 lab: services build
-	./bin/idem lab --events 10000 --json lab.json
+	./bin/idem-lab lab --events 10000 --json lab.json
 
 ## bench: every consumer configuration against a raw consume+ack baseline in one run (docs/performance.md)
 bench: services build
-	./bin/idem bench --json bench.json --svg docs/performance.svg $(BENCH_FLAGS)
+	./bin/idem-lab bench --json bench.json --svg docs/performance.svg $(BENCH_FLAGS)
 
 ## scale: the measurements docs/scale.md is built from (row and marker sizes, CPU per tier), then idem chaos --cluster for 3 minutes
 scale: services build
 	$(GO) test -run '^$$' -bench ProcessedRowSize -benchtime 200000x ./pkg/guard/pgtier/
 	$(GO) test -run '^$$' -bench DoneMarkerMemory -benchtime 200000x ./pkg/guard/redistier/
-	./bin/idem bench --events 200000 --runs 3 --json scale-bench.json --rows 'raw 25%;batched, Redis on, 25%;batched, Redis off, 25%;batched, Redis on, 100%'
-	./bin/idem chaos --cluster --duration 3m --seed 20261130 --dir chaos-cluster-report
+	./bin/idem-lab bench --events 200000 --runs 3 --json scale-bench.json --rows 'raw 25%;batched, Redis on, 25%;batched, Redis off, 25%;batched, Redis on, 100%'
+	./bin/idem-lab chaos --cluster --duration 3m --seed 20261130 --dir chaos-cluster-report
 
 clean:
 	rm -rf bin

@@ -1,7 +1,7 @@
 // Package bench measures what idem costs: every configuration of the
 // consumer side by side with a raw consume-and-ack baseline, on the same
-// broker, database and Redis, in one run. It is `idem bench`; each consumer
-// is an `idem bench-worker` process, so that its CPU can be read from /proc
+// broker, database and Redis, in one run. It is `idem-lab bench`; each consumer
+// is an `idem-lab bench-worker` process, so that its CPU can be read from /proc
 // apart from the services'.
 package bench
 

@@ -19,9 +19,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/loadgen"
 	"github.com/idemhq/idem/internal/roundtrip"
+	"github.com/idemhq/idem/internal/telemetry"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -123,7 +123,7 @@ func Serve(ctx context.Context, statsFile string, r *Recorder, in io.Reader, out
 	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil {
 		return fmt.Errorf("bench worker: waiting for go: %w", err)
 	}
-	stop := fleet.WriteStatsEvery(statsFile, 50*time.Millisecond, func() any { return r.Snapshot(false) }, nil)
+	stop := telemetry.WriteStatsEvery(statsFile, 50*time.Millisecond, func() any { return r.Snapshot(false) }, nil)
 	err := run(ctx)
 	stop()
 	// The last word, with the latencies.

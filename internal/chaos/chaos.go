@@ -1,7 +1,7 @@
 // Package chaos runs a fleet of `idem consume` processes on a stream with
 // duplicates while a seeded schedule of faults hits the consumers, Redis,
 // PostgreSQL and the broker connections, then checks that every event was
-// applied exactly once and nothing was left behind. It is `idem chaos`.
+// applied exactly once and nothing was left behind. It is `idem-lab chaos`.
 //
 // A run owns everything it breaks: a redis-server and a PostgreSQL cluster
 // started for it on free ports, a queue of its own on the shared broker, and

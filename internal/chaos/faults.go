@@ -134,7 +134,7 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 		consuming := func(name string) bool {
 			return strings.HasPrefix(name, r.fleet.prefix) && !strings.HasSuffix(name, broker.PublishingConnectionSuffix)
 		}
-		n, err := sandbox.CloseConnectionsWhere(node, consuming, "idem chaos: amqp-close fault")
+		n, err := sandbox.CloseConnectionsWhere(node, consuming, "idem-lab chaos: amqp-close fault")
 		if err == nil && n == 0 {
 			err = fmt.Errorf("no consumer connection named %s* to close", r.fleet.prefix)
 		}

@@ -193,7 +193,7 @@ func niceCeil(v float64) float64 {
 }
 
 var reportTmpl = template.Must(template.New("report").Parse(`<!doctype html>
-<html><head><meta charset="utf-8"><title>idem chaos {{.R.RunID}}: {{if .R.OK}}PASS{{else}}FAIL{{end}}</title>
+<html><head><meta charset="utf-8"><title>idem-lab chaos {{.R.RunID}}: {{if .R.OK}}PASS{{else}}FAIL{{end}}</title>
 <style>
 body{font-family:sans-serif;max-width:1150px;margin:2em auto;color:#222}
 pre{background:#f6f6f6;padding:1em;overflow:auto}
@@ -201,10 +201,10 @@ pre{background:#f6f6f6;padding:1em;overflow:auto}
 table{border-collapse:collapse;font-size:13px}td,th{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}
 .key span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:middle}
 </style></head><body>
-<h1>idem chaos run {{.R.RunID}} <span class="{{if .R.OK}}pass">PASS{{else}}fail">FAIL{{end}}</span></h1>
+<h1>idem-lab chaos run {{.R.RunID}} <span class="{{if .R.OK}}pass">PASS{{else}}fail">FAIL{{end}}</span></h1>
 <p>Seed {{.R.Seed}}, {{.R.Consumers}} consumers, stream of {{.R.Published}} messages ({{.R.Distinct}} distinct events)
 published over {{.R.Duration}} at {{.R.Rate}} msg/s; {{len .R.Faults}} faults. Rerun with
-<code>idem chaos --seed {{.R.Seed}} --duration {{.R.Duration}} --rate {{.R.Rate}} --consumers {{.R.Consumers}}</code>.</p>
+<code>idem-lab chaos --seed {{.R.Seed}} --duration {{.R.Duration}} --rate {{.R.Rate}} --consumers {{.R.Consumers}}</code>.</p>
 {{if not .R.OK}}<ul class="fail">{{range .R.Problems}}<li>{{.}}</li>{{end}}</ul>{{end}}
 <h2>Timeline</h2>
 <p class="key"><span style="background:#1f77b4"></span>effects applied per second (ledger rows; gaps while Postgres is down)

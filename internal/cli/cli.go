@@ -17,42 +17,41 @@ import (
 // ErrUsage reports bad command-line usage; the message was already printed.
 var ErrUsage = errors.New("usage")
 
-type command struct {
-	name    string
-	summary string
-	run     func(ctx context.Context, env *env, args []string) error
+// Command is one subcommand.
+type Command struct {
+	Name    string
+	Summary string
+	Run     func(ctx context.Context, env *Env, args []string) error
 }
 
-var commands = []command{
-	{"consume", "run one consumer process (run many for a fleet)", runConsume},
-	{"publish", "publish a stream of events with duplicates (load generator)", runPublish},
-	{"verify", "check the database against a publish manifest", runVerify},
-	{"migrate", "create or update the database tables", runMigrate},
-	{"prune", "delete dedup rows older than postgres.retention", runPrune},
-	{"repartition", "change the stream's partition count, once its queues are empty", runRepartition},
-	{"demo", "run a fleet on a stream with duplicates and verify it", runDemo},
-	{"chaos", "run a fleet under a seeded schedule of faults and judge it", runChaos},
-	{"lab", "compare the five dedup approaches under the same faults", runLab},
-	{"lab-worker", "one worker process of 'idem lab' (started by it)", runLabWorker},
-	{"bench", "measure throughput, CPU and latency against a raw consumer", runBench},
-	{"bench-worker", "one consumer process of 'idem bench' (started by it)", runBenchWorker},
-	{"dlq", "list, show, replay or purge dead letters (idem dlq -h)", runDLQ},
-	{"inspect", "show what Redis, the dedup table and the ledger hold for one event", runInspect},
-	{"probe", "ask a consumer's /readyz or /healthz (a container healthcheck)", runProbe},
-	{"config", "print every setting with its environment variable and value", runConfig},
-	{"version", "print the version and VCS revision of this binary", runVersion},
+// Commands are the operator's: what the shipped idem binary holds.
+func Commands() []Command {
+	return []Command{
+		{"consume", "run one consumer process (run many for a fleet)", RunConsume},
+		{"publish", "publish a stream of events with duplicates (load generator)", runPublish},
+		{"verify", "check the database against a publish manifest", runVerify},
+		{"migrate", "create or update the database tables", runMigrate},
+		{"prune", "delete dedup rows older than postgres.retention", runPrune},
+		{"repartition", "change the stream's partition count, once its queues are empty", runRepartition},
+		{"dlq", "list, show, replay or purge dead letters (idem dlq -h)", runDLQ},
+		{"inspect", "show what Redis and the dedup table (and the payments ledger, if present) hold for one event", runInspect},
+		{"probe", "ask a consumer's /readyz or /healthz (a container healthcheck)", runProbe},
+		{"config", "print every setting with its environment variable and value", runConfig},
+		{"version", "print the version and VCS revision of this binary", runVersion},
+	}
 }
 
 // env is what every subcommand gets from the process.
-type env struct {
-	stdout, stderr io.Writer // both pass through red
-	getenv         func(string) string
+type Env struct {
+	Stdout, Stderr io.Writer // both pass through red
+	Getenv         func(string) string
 	environ        func() []string
 	red            *redact.Redactor
 	// jsonLog is the logger of a command whose config asks for JSON logs:
 	// Run reports the command's failure through it.
 	jsonLog *slog.Logger
-	warned  bool // the config's warnings were logged
+	warned  bool   // the config's warnings were logged
+	prog    string // the binary's name in usage lines: idem or idem-lab
 }
 
 // urlVars are the connection settings whose secrets never reach an output.
@@ -62,19 +61,24 @@ var urlVars = []string{"AMQP_URL", "REDIS_URL", "DATABASE_URL"}
 // writes, and no error it returns, holds a password from a connection
 // setting (see package redact).
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return RunWith(ctx, "idem", Commands(), args, stdout, stderr)
+}
+
+// RunWith is Run for the program prog with the commands cmds.
+func RunWith(ctx context.Context, prog string, cmds []Command, args []string, stdout, stderr io.Writer) error {
 	red := redact.New()
 	for _, k := range urlVars {
 		red.Add(os.Getenv(k))
 	}
-	e := &env{stdout: red.Writer(stdout), stderr: red.Writer(stderr), getenv: os.Getenv, environ: os.Environ, red: red}
-	err := run(ctx, e, args)
+	e := &Env{Stdout: red.Writer(stdout), Stderr: red.Writer(stderr), Getenv: os.Getenv, environ: os.Environ, red: red, prog: prog}
+	err := run(ctx, e, cmds, args)
 	if err == nil || errors.Is(err, ErrUsage) || IsHelp(err) {
 		return err
 	}
 	err = &redactedError{msg: red.String(err.Error()), err: err}
 	if e.jsonLog != nil && !errors.Is(err, ErrVerifyFailed) {
 		// In JSON mode the last line is JSON too.
-		e.jsonLog.Error("idem "+args[0]+" failed", "err", err.Error())
+		e.jsonLog.Error(prog+" "+args[0]+" failed", "err", err.Error())
 		return &reportedError{err}
 	}
 	return err
@@ -102,60 +106,65 @@ type redactedError struct {
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
 
-func run(ctx context.Context, e *env, args []string) error {
-	stdout, stderr := e.stdout, e.stderr
+func run(ctx context.Context, e *Env, cmds []Command, args []string) error {
+	stdout, stderr := e.Stdout, e.Stderr
 	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
 		return runVersion(ctx, e, args[1:])
 	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		usage(stdout)
+		usage(stdout, e.prog, cmds)
 		if len(args) == 0 {
 			return ErrUsage
 		}
 		return nil
 	}
-	for _, c := range commands {
-		if c.name == args[0] {
-			return c.run(ctx, e, args[1:])
+	for _, c := range cmds {
+		if c.Name == args[0] {
+			return c.Run(ctx, e, args[1:])
 		}
 	}
-	fmt.Fprintf(stderr, "idem: unknown command %q\n\n", args[0])
-	usage(stderr)
+	fmt.Fprintf(stderr, "%s: unknown command %q\n\n", e.prog, args[0])
+	usage(stderr, e.prog, cmds)
 	return ErrUsage
 }
 
-func usage(w io.Writer) {
-	fmt.Fprint(w, `idem makes RabbitMQ event processing effectively once: a Redis fast path in
+func usage(w io.Writer, prog string, cmds []Command) {
+	if prog == "idem" {
+		fmt.Fprint(w, `idem makes RabbitMQ event processing effectively once: a Redis fast path in
 front of a PostgreSQL unique constraint that commits with the effect.
-
-Usage: idem <command> [flags]
-
-Commands:
 `)
-	for _, c := range commands {
-		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+	} else {
+		fmt.Fprintf(w, `%s is idem's proving ground: the demo, the chaos run, the lab and the
+bench, with the operator's commands beside them. Its consume can be armed to
+SIGKILL itself at a step of the flow (IDEM_CRASH_AT); the shipped idem
+binary holds none of this.
+`, prog)
 	}
-	fmt.Fprint(w, `
+	fmt.Fprintf(w, "\nUsage: %s <command> [flags]\n\nCommands:\n", prog)
+	for _, c := range cmds {
+		fmt.Fprintf(w, "  %-12s %s\n", c.Name, c.Summary)
+	}
+	fmt.Fprintf(w, `
 Connections come from AMQP_URL, REDIS_URL and DATABASE_URL (local services by
 default) and the queue from IDEM_QUEUE (default payments.events). Every other
 setting is in the YAML file given by --config or its IDEM_* variable: see
-'idem config'. 'idem <command> -h' shows a command's flags.
-`)
+'%[1]s config'. '%[1]s <command> -h' shows a command's flags.
+`, prog)
 }
 
-// newFlags returns a flag set whose -h prints a summary and the flags.
-func newFlags(e *env, name, synopsis string) *flag.FlagSet {
+// NewFlags returns a flag set whose -h prints a summary and the flags.
+func NewFlags(e *Env, name, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
+	fs.SetOutput(e.Stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: idem %s [flags]\n\n%s\n\nFlags:\n", name, synopsis)
+		fmt.Fprintf(fs.Output(), "Usage: %s %s [flags]\n\n%s\n\nFlags:\n", e.prog, name, synopsis)
 		fs.PrintDefaults()
 	}
 	return fs
 }
 
-// parse parses args; -h is not an error.
-func parse(fs *flag.FlagSet, args []string) error {
+// Parse parses args; -h is not an error.
+func Parse(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return errHelp
@@ -169,9 +178,9 @@ func parse(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-// usageErr prints a usage error to stderr and returns ErrUsage (exit 2).
-func usageErr(e *env, format string, args ...any) error {
-	fmt.Fprintf(e.stderr, format+"\n", args...)
+// UsageErr prints a usage error to stderr and returns ErrUsage (exit 2).
+func UsageErr(e *Env, format string, args ...any) error {
+	fmt.Fprintf(e.Stderr, format+"\n", args...)
 	return ErrUsage
 }
 
@@ -181,19 +190,19 @@ var errHelp = errors.New("help shown")
 // IsHelp reports whether err only means that help was shown.
 func IsHelp(err error) bool { return errors.Is(err, errHelp) }
 
-// loadConfig reads the config, builds the logger it asks for (see
+// LoadConfig reads the config, builds the logger it asks for (see
 // newLogger) and logs the config's warnings once.
-func (e *env) loadConfig(path string) (config.Config, *slog.Logger, error) {
+func (e *Env) LoadConfig(path string) (config.Config, *slog.Logger, error) {
 	cfg, err := config.Load(path, e.environ())
 	e.red.Add(cfg.AMQPURL, cfg.RedisURL, cfg.DatabaseURL, cfg.Postgres.Shards) // the file may set them too
 	if err != nil {
 		if cfg.LogFormat == "json" { // read before the error: report it as JSON
-			e.jsonLog = newLogger(e.stderr, "json", slog.LevelInfo)
+			e.jsonLog = newLogger(e.Stderr, "json", slog.LevelInfo)
 		}
 		return cfg, nil, err
 	}
 	level, _ := config.ParseLevel(cfg.LogLevel) // validated by Load
-	log := newLogger(e.stderr, cfg.LogFormat, level)
+	log := newLogger(e.Stderr, cfg.LogFormat, level)
 	if cfg.LogFormat == "json" {
 		e.jsonLog = log
 	}
@@ -206,14 +215,14 @@ func (e *env) loadConfig(path string) (config.Config, *slog.Logger, error) {
 	return cfg, log, nil
 }
 
-func runConfig(_ context.Context, e *env, args []string) error {
-	fs := newFlags(e, "config", "Prints every setting: yaml path, environment variable, effective value.")
+func runConfig(_ context.Context, e *Env, args []string) error {
+	fs := NewFlags(e, "config", "Prints every setting: yaml path, environment variable, effective value.")
 	path := fs.String("config", "", "YAML config `file`")
-	if err := parse(fs, args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		return err
 	}
 	e.warned = true // printed below, with the settings
-	cfg, _, err := e.loadConfig(*path)
+	cfg, _, err := e.LoadConfig(*path)
 	if err != nil {
 		return err
 	}
@@ -221,17 +230,17 @@ func runConfig(_ context.Context, e *env, args []string) error {
 	for _, f := range config.FieldsOf(cfg) {
 		eff[f.Path] = f.Default
 	}
-	fmt.Fprintf(e.stdout, "%-36s %-38s %s\n", "SETTING", "ENV", "VALUE")
+	fmt.Fprintf(e.Stdout, "%-36s %-38s %s\n", "SETTING", "ENV", "VALUE")
 	for _, f := range config.Fields() {
-		fmt.Fprintf(e.stdout, "%-36s %-38s %s\n", f.Path, f.Env, eff[f.Path])
+		fmt.Fprintf(e.Stdout, "%-36s %-38s %s\n", f.Path, f.Env, eff[f.Path])
 	}
 	// The warnings idem consume would log with these settings.
 	warnings := cfg.Warnings()
 	for _, w := range warnings {
-		fmt.Fprintf(e.stdout, "\nwarning: %s", w)
+		fmt.Fprintf(e.Stdout, "\nwarning: %s", w)
 	}
 	if len(warnings) > 0 {
-		fmt.Fprintln(e.stdout)
+		fmt.Fprintln(e.Stdout)
 	}
 	return nil
 }

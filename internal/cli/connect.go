@@ -13,20 +13,20 @@ import (
 	"github.com/idemhq/idem/pkg/consumer"
 )
 
-// loadDB reads the config and opens a pool per shard (one for database_url
+// LoadDB reads the config and opens a pool per shard (one for database_url
 // when postgres.shards is empty); close them when done.
-func (e *env) loadDB(ctx context.Context, path string) (config.Config, *slog.Logger, shards, error) {
-	cfg, log, err := e.loadConfig(path)
+func (e *Env) LoadDB(ctx context.Context, path string) (config.Config, *slog.Logger, Shards, error) {
+	cfg, log, err := e.LoadConfig(path)
 	if err != nil {
 		return cfg, nil, nil, err
 	}
-	dbs, err := openShards(ctx, cfg)
+	dbs, err := OpenShards(ctx, cfg)
 	return cfg, log, dbs, err
 }
 
-// openShards opens a pool per shard, or one for database_url.
-func openShards(ctx context.Context, cfg config.Config) (shards, error) {
-	var dbs shards
+// OpenShards opens a pool per shard, or one for database_url.
+func OpenShards(ctx context.Context, cfg config.Config) (Shards, error) {
+	var dbs Shards
 	for i, u := range cfg.DatabaseURLs() {
 		pool, err := openPoolAt(ctx, cfg, u)
 		if err != nil {
@@ -41,28 +41,28 @@ func openShards(ctx context.Context, cfg config.Config) (shards, error) {
 	return dbs, nil
 }
 
-// shards are the pools of the authoritative tier's databases, in shard
+// Shards are the pools of the authoritative tier's databases, in shard
 // order: one when the tier is not sharded.
-type shards []*pgxpool.Pool
+type Shards []*pgxpool.Pool
 
 // Close closes every pool.
-func (s shards) Close() {
+func (s Shards) Close() {
 	for _, p := range s {
 		p.Close()
 	}
 }
 
 // name labels shard i in output and errors; empty with one database.
-func (s shards) name(i int) string {
+func (s Shards) name(i int) string {
 	if len(s) == 1 {
 		return ""
 	}
 	return fmt.Sprintf("shard %d", i)
 }
 
-// openPool opens the pool database_url describes; tune, if given, may adjust
+// OpenPool opens the pool database_url describes; tune, if given, may adjust
 // its config first (to add a tracer, say).
-func openPool(ctx context.Context, cfg config.Config, tune ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
+func OpenPool(ctx context.Context, cfg config.Config, tune ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	return openPoolAt(ctx, cfg, cfg.DatabaseURL, tune...)
 }
 

@@ -15,8 +15,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/config"
-	"github.com/idemhq/idem/internal/crashpoint"
-	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/telemetry"
 	"github.com/idemhq/idem/migrations"
@@ -24,23 +22,23 @@ import (
 	"github.com/idemhq/idem/pkg/idem"
 )
 
-func runConsume(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "consume", "Consumes the queue until SIGTERM or SIGINT, then drains: in-flight and\nprefetched events finish and are acked. Run any number of these\nprocesses on one queue. Applies pending migrations at start.")
+func RunConsume(ctx context.Context, e *Env, args []string) error {
+	fs := NewFlags(e, "consume", "Consumes the queue until SIGTERM or SIGINT, then drains: in-flight and\nprefetched events finish and are acked. Run any number of these\nprocesses on one queue. Applies pending migrations at start.")
 	path := fs.String("config", "", "YAML config `file`")
 	host, _ := os.Hostname()
 	name := fs.String("name", fmt.Sprintf("idem-consume-%s-%d", host, os.Getpid()), "client-provided RabbitMQ connection `name`")
 	statsFile := fs.String("stats-file", "", "write the outcome counts as JSON to this `file` every second and on exit")
 	noMigrate := fs.Bool("no-migrate", false, "do not apply pending migrations at start")
 	only := fs.String("partition", "", "consume only these partitions (`K[,K…]`, of 0 to partitions-1); default: all")
-	if err := parse(fs, args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		return err
 	}
 	partitions, err := parsePartitions(*only)
 	if err != nil {
-		fmt.Fprintf(e.stderr, "idem consume: --partition: %v\n", err)
+		fmt.Fprintf(e.Stderr, "idem consume: --partition: %v\n", err)
 		return ErrUsage
 	}
-	cfg, log, dbs, err := e.loadDB(ctx, *path)
+	cfg, log, dbs, err := e.LoadDB(ctx, *path)
 	if err != nil {
 		return err
 	}
@@ -50,12 +48,9 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 			return fmt.Errorf("--partition %d: the stream has %d partition(s), 0 to %d (the partitions setting, IDEM_PARTITIONS)", p, cfg.Partitions, cfg.Partitions-1)
 		}
 	}
-	tuneGC(e.getenv)
-	if err := crashpoint.Install(e.getenv); err != nil {
-		return err
-	}
+	TuneGC(e.Getenv)
 	log = log.With("consumer", *name)
-	rdb, err := redisClient(cfg)
+	rdb, err := RedisClient(cfg)
 	if err != nil {
 		return err
 	}
@@ -63,7 +58,7 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 		defer rdb.Close()
 	}
 	reg := telemetry.NewRegistry()
-	sc := serviceConfig(cfg, dbs, rdb, log)
+	sc := ServiceConfig(cfg, dbs, rdb, log)
 	sc.Consumer.ConnectionName, sc.Consumer.Only = *name, partitions
 	sc.Migrate, sc.Migrations = !*noMigrate, []migrations.Set{payments.Migrations}
 	sc.Metrics = reg
@@ -91,8 +86,8 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	stopStats := func() {}
 	if *statsFile != "" {
 		// Every second, so that a consumer killed with SIGKILL leaves
-		// counts at most a second old (idem chaos sums them).
-		stopStats = fleet.WriteStatsEvery(*statsFile, time.Second, snapshot,
+		// counts at most a second old (idem-lab chaos sums them).
+		stopStats = telemetry.WriteStatsEvery(*statsFile, time.Second, snapshot,
 			func(err error) { log.Error("write stats file", "err", err) })
 	}
 	err = svc.Run(ctx)
@@ -104,9 +99,9 @@ func runConsume(ctx context.Context, e *env, args []string) error {
 	return err
 }
 
-// serviceConfig maps the file's settings onto the front door's: the one
+// ServiceConfig maps the file's settings onto the front door's: the one
 // place they meet.
-func serviceConfig(cfg config.Config, dbs shards, rdb redis.UniversalClient, log *slog.Logger) idem.Config {
+func ServiceConfig(cfg config.Config, dbs Shards, rdb redis.UniversalClient, log *slog.Logger) idem.Config {
 	return idem.Config{
 		Scope:         cfg.Scope,
 		Databases:     dbs,
@@ -118,9 +113,9 @@ func serviceConfig(cfg config.Config, dbs shards, rdb redis.UniversalClient, log
 	}
 }
 
-// redisClient opens the client redis.mode and redis_url describe, or
+// RedisClient opens the client redis.mode and redis_url describe, or
 // returns nil when the fast tier is off.
-func redisClient(cfg config.Config) (redis.UniversalClient, error) {
+func RedisClient(cfg config.Config) (redis.UniversalClient, error) {
 	if !cfg.Redis.Enabled {
 		return nil, nil
 	}
@@ -166,8 +161,8 @@ func parsePartitions(s string) ([]int, error) {
 // a good share of the CPU the collector would take at the default 100.
 const consumerGCPercent = 400
 
-// tuneGC sets consumerGCPercent unless GOGC is set.
-func tuneGC(getenv func(string) string) {
+// TuneGC sets consumerGCPercent unless GOGC is set.
+func TuneGC(getenv func(string) string) {
 	if getenv("GOGC") == "" {
 		debug.SetGCPercent(consumerGCPercent)
 	}

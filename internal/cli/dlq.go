@@ -23,18 +23,18 @@ import (
 	"github.com/idemhq/idem/pkg/partition"
 )
 
-var dlqCommands = []command{
+var dlqCommands = []Command{
 	{"list", "count the dead letters by reason, with the oldest and newest", runDLQList},
 	{"show", "print dead letters: reason, error, attempts, headers, body", runDLQShow},
 	{"replay", "move dead letters back to the work queue with a fresh attempt budget", runDLQReplay},
 	{"purge", "delete dead letters", runDLQPurge},
 }
 
-func runDLQ(ctx context.Context, e *env, args []string) error {
+func runDLQ(ctx context.Context, e *Env, args []string) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		w := e.stdout
+		w := e.Stdout
 		if len(args) == 0 {
-			w = e.stderr
+			w = e.Stderr
 		}
 		fmt.Fprint(w, `Usage: idem dlq <command> [flags]
 
@@ -45,7 +45,7 @@ place; a message leaves the queue only once its command is done with it.
 Commands:
 `)
 		for _, c := range dlqCommands {
-			fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+			fmt.Fprintf(w, "  %-8s %s\n", c.Name, c.Summary)
 		}
 		fmt.Fprint(w, "\n'idem dlq <command> -h' shows a command's flags.\n")
 		if len(args) == 0 {
@@ -54,11 +54,11 @@ Commands:
 		return nil
 	}
 	for _, c := range dlqCommands {
-		if c.name == args[0] {
-			return c.run(ctx, e, args[1:])
+		if c.Name == args[0] {
+			return c.Run(ctx, e, args[1:])
 		}
 	}
-	fmt.Fprintf(e.stderr, "idem dlq: unknown command %q (want list, show, replay or purge)\n", args[0])
+	fmt.Fprintf(e.Stderr, "idem dlq: unknown command %q (want list, show, replay or purge)\n", args[0])
 	return ErrUsage
 }
 
@@ -86,17 +86,17 @@ func knownReasons() []string {
 // letter and that idem never writes: a typo would select nothing and report
 // success. A handler's own reason (Reject's) is taken as soon as a dead
 // letter carries it, whatever the handler.
-func checkReason(e *env, cmd, reason string, matched int) error {
+func checkReason(e *Env, cmd, reason string, matched int) error {
 	if reason == "" || matched > 0 || slices.Contains(knownReasons(), reason) {
 		return nil
 	}
-	return usageErr(e, "idem %s: --reason %q matched no dead letter, and is not a reason idem writes (a handler's own reasons show in 'idem dlq list'); idem's are: %s",
+	return UsageErr(e, "idem %s: --reason %q matched no dead letter, and is not a reason idem writes (a handler's own reasons show in 'idem dlq list'); idem's are: %s",
 		cmd, reason, strings.Join(knownReasons(), ", "))
 }
 
 // openDLQ reads the config and connects to the broker.
-func (e *env) openDLQ(path string) (config.Config, *dlq.Queue, error) {
-	cfg, _, err := e.loadConfig(path)
+func (e *Env) openDLQ(path string) (config.Config, *dlq.Queue, error) {
+	cfg, _, err := e.LoadConfig(path)
 	if err != nil {
 		return cfg, nil, err
 	}
@@ -107,10 +107,10 @@ func (e *env) openDLQ(path string) (config.Config, *dlq.Queue, error) {
 	return cfg, q, nil
 }
 
-func runDLQList(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "dlq list", "Counts the dead letters by reason, with the age of the oldest and newest\n(since they were dead-lettered).")
+func runDLQList(ctx context.Context, e *Env, args []string) error {
+	fs := NewFlags(e, "dlq list", "Counts the dead letters by reason, with the age of the oldest and newest\n(since they were dead-lettered).")
 	path := fs.String("config", "", "YAML config `file`")
-	if err := parse(fs, args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		return err
 	}
 	_, q, err := e.openDLQ(*path)
@@ -143,12 +143,12 @@ func runDLQList(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "%s: %d dead letters\n", q.DLQ, n)
+	fmt.Fprintf(e.Stdout, "%s: %d dead letters\n", q.DLQ, n)
 	if n == 0 {
 		return nil
 	}
 	now := time.Now()
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(e.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "REASON\tCOUNT\tOLDEST\tNEWEST\t")
 	reasons := slices.Sorted(maps.Keys(groups))
 	sort.SliceStable(reasons, func(i, j int) bool { return groups[reasons[i]].n > groups[reasons[j]].n })
@@ -174,19 +174,19 @@ func age(now, t time.Time) string {
 	return fmt.Sprintf("%dd", int(d/(24*time.Hour)))
 }
 
-func runDLQShow(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "dlq show", `Prints dead letters, oldest first: reason, error, attempts, replays,
+func runDLQShow(ctx context.Context, e *Env, args []string) error {
+	fs := NewFlags(e, "dlq show", `Prints dead letters, oldest first: reason, error, attempts, replays,
 headers and body. For a payload conflict it also prints when the original
 was processed and both payload hashes.`)
 	path := fs.String("config", "", "YAML config `file`")
 	var f dlqFilter
 	f.flags(fs)
 	limit := fs.Int("n", 10, "print at most `N` dead letters")
-	if err := parse(fs, args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		return err
 	}
 	if *limit < 1 {
-		return usageErr(e, "idem dlq show: -n must be at least 1, got %d", *limit)
+		return UsageErr(e, "idem dlq show: -n must be at least 1, got %d", *limit)
 	}
 	cfg, q, err := e.openDLQ(*path)
 	if err != nil {
@@ -203,7 +203,7 @@ was processed and both payload hashes.`)
 		if m.Reason == wire.ReasonPayloadConflict {
 			conflicts = append(conflicts, m)
 		}
-		printDeadLetter(e.stdout, shown, m, time.Now())
+		printDeadLetter(e.Stdout, shown, m, time.Now())
 		if shown >= *limit {
 			return dlq.Stop, nil
 		}
@@ -216,7 +216,7 @@ was processed and both payload hashes.`)
 		return err
 	}
 	if shown == 0 {
-		fmt.Fprintf(e.stdout, "%s: no dead letter matches\n", q.DLQ)
+		fmt.Fprintf(e.Stdout, "%s: no dead letter matches\n", q.DLQ)
 	}
 	if len(conflicts) > 0 {
 		return e.showConflicts(ctx, cfg, conflicts)
@@ -266,14 +266,14 @@ func printable(b []byte) string {
 
 // showConflicts prints, for each payload conflict, the dedup row it
 // collided with: when the original was processed and both hashes.
-func (e *env) showConflicts(ctx context.Context, cfg config.Config, ms []dlq.Message) error {
-	dbs, err := openShards(ctx, cfg)
+func (e *Env) showConflicts(ctx context.Context, cfg config.Config, ms []dlq.Message) error {
+	dbs, err := OpenShards(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer dbs.Close()
-	fmt.Fprintln(e.stdout, "--- payload conflicts: the dedup rows they collided with")
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(e.Stdout, "--- payload conflicts: the dedup rows they collided with")
+	tw := tabwriter.NewWriter(e.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "EVENT_ID\tORIGINAL PROCESSED AT\tORIGINAL HASH\tDEAD LETTER'S HASH")
 	for _, m := range ms {
 		if m.EventID == "" {
@@ -298,8 +298,8 @@ func (e *env) showConflicts(ctx context.Context, cfg config.Config, ms []dlq.Mes
 	return tw.Flush()
 }
 
-func runDLQReplay(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "dlq replay", `Moves dead letters back to the work queue, oldest first, each with its
+func runDLQReplay(ctx context.Context, e *Env, args []string) error {
+	fs := NewFlags(e, "dlq replay", `Moves dead letters back to the work queue, oldest first, each with its
 body, message ID, original timestamp (the event's time) and a fresh attempt
 budget, and x-idem-replays counting its replays. Each leaves the dead-letter
 queue only after the broker confirmed its re-publish. Only the dead letters
@@ -312,11 +312,11 @@ replaying an event that was processed is a harmless duplicate. Say which:
 	f.flags(fs)
 	all := fs.Bool("all", false, "replay every dead letter")
 	dry := fs.Bool("dry-run", false, "print what would be replayed, move nothing")
-	if err := parse(fs, args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		return err
 	}
 	if !*all && f.reason == "" && f.event == "" {
-		return usageErr(e, "idem dlq replay: say which dead letters: --reason R, --event ID, or --all")
+		return UsageErr(e, "idem dlq replay: say which dead letters: --reason R, --event ID, or --all")
 	}
 	_, q, err := e.openDLQ(*path)
 	if err != nil {
@@ -347,7 +347,7 @@ replaying an event that was processed is a harmless duplicate. Say which:
 			}
 		}
 		replayed++
-		fmt.Fprintf(e.stdout, "%s %s (reason %s, replays before: %d)\n", verb, m.EventID, m.Reason, m.Replays)
+		fmt.Fprintf(e.Stdout, "%s %s (reason %s, replays before: %d)\n", verb, m.EventID, m.Reason, m.Replays)
 		if *dry {
 			return dlq.Keep, nil
 		}
@@ -360,20 +360,20 @@ replaying an event that was processed is a harmless duplicate. Say which:
 			return err
 		}
 	}
-	fmt.Fprintf(e.stdout, "%s %d dead letters to %s; %d others left in %s\n", verb, replayed, q.Work, kept, q.DLQ)
+	fmt.Fprintf(e.Stdout, "%s %d dead letters to %s; %d others left in %s\n", verb, replayed, q.Work, kept, q.DLQ)
 	return err
 }
 
-func runDLQPurge(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "dlq purge", "Deletes dead letters for good: those with --reason, or every one. Needs --yes.")
+func runDLQPurge(ctx context.Context, e *Env, args []string) error {
+	fs := NewFlags(e, "dlq purge", "Deletes dead letters for good: those with --reason, or every one. Needs --yes.")
 	path := fs.String("config", "", "YAML config `file`")
 	reason := fs.String("reason", "", "only dead letters with this `reason`")
 	yes := fs.Bool("yes", false, "really delete them")
-	if err := parse(fs, args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		return err
 	}
 	if !*yes {
-		return usageErr(e, "idem dlq purge: deleting dead letters cannot be undone; add --yes (see them first with 'idem dlq show')")
+		return UsageErr(e, "idem dlq purge: deleting dead letters cannot be undone; add --yes (see them first with 'idem dlq show')")
 	}
 	_, q, err := e.openDLQ(*path)
 	if err != nil {
@@ -395,6 +395,6 @@ func runDLQPurge(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 	}
-	fmt.Fprintf(e.stdout, "purged %d dead letters from %s\n", purged, q.DLQ)
+	fmt.Fprintf(e.Stdout, "purged %d dead letters from %s\n", purged, q.DLQ)
 	return err
 }

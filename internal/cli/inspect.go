@@ -20,8 +20,8 @@ import (
 	"github.com/idemhq/idem/pkg/guard"
 )
 
-func runInspect(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "inspect", `idem inspect [--config F] <eventId>
+func runInspect(ctx context.Context, e *Env, args []string) error {
+	fs := NewFlags(e, "inspect", `idem inspect [--config F] <eventId>
 
 Shows, for one event ID in the configured scope, what each tier holds: the
 Redis key (pending lease or done marker, payload hash, time to live), the
@@ -46,19 +46,19 @@ shard: an event ID alone does not say which shard its user maps to.`)
 		ids, rest = append(ids, fs.Arg(0)), fs.Args()[1:]
 	}
 	if len(ids) != 1 {
-		fmt.Fprintln(e.stderr, "Usage: idem inspect [--config F] <eventId>")
+		fmt.Fprintln(e.Stderr, "Usage: idem inspect [--config F] <eventId>")
 		return ErrUsage
 	}
 	id := ids[0]
 	if err := guard.ValidateID(id); err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}
-	cfg, _, dbs, err := e.loadDB(ctx, *path)
+	cfg, _, dbs, err := e.LoadDB(ctx, *path)
 	if err != nil {
 		return err
 	}
 	defer dbs.Close()
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	tw := tabwriter.NewWriter(e.Stdout, 0, 0, 2, ' ', 0)
 	defer tw.Flush()
 	fmt.Fprintf(tw, "event:\t%s (scope %s)\n", id, cfg.Scope)
 	if err := inspectRedis(ctx, tw, cfg, id); err != nil {

@@ -10,13 +10,13 @@ import (
 	"github.com/idemhq/idem/internal/payments"
 )
 
-func runMigrate(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "migrate", "Creates idem_processed and the payments tables in the first schema of\nDATABASE_URL's search_path, or on every database of postgres.shards, and\nrecords each shard's place in the list. Safe to run repeatedly and\nconcurrently.")
+func runMigrate(ctx context.Context, e *Env, args []string) error {
+	fs := NewFlags(e, "migrate", "Creates idem_processed and the payments tables in the first schema of\nDATABASE_URL's search_path, or on every database of postgres.shards, and\nrecords each shard's place in the list. Safe to run repeatedly and\nconcurrently.")
 	path := fs.String("config", "", "YAML config `file`")
-	if err := parse(fs, args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		return err
 	}
-	_, _, dbs, err := e.loadDB(ctx, *path)
+	_, _, dbs, err := e.LoadDB(ctx, *path)
 	if err != nil {
 		return err
 	}
@@ -33,10 +33,10 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 			return fmt.Errorf("postgres.shards: %s: %w", where, err)
 		}
 		for _, m := range ran {
-			fmt.Fprintf(e.stdout, "%s: applied %04d_%s\n", where, m.Version, m.Name)
+			fmt.Fprintf(e.Stdout, "%s: applied %04d_%s\n", where, m.Version, m.Name)
 		}
 		if len(ran) == 0 {
-			fmt.Fprintf(e.stdout, "%s is up to date\n", where)
+			fmt.Fprintf(e.Stdout, "%s is up to date\n", where)
 		}
 	}
 	return nil

@@ -10,17 +10,17 @@ import (
 	"time"
 )
 
-func runProbe(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "probe", `Asks a running consumer's health endpoint on metrics_addr and exits 0 if it
+func runProbe(ctx context.Context, e *Env, args []string) error {
+	fs := NewFlags(e, "probe", `Asks a running consumer's health endpoint on metrics_addr and exits 0 if it
 answers 2xx, 1 otherwise: a container healthcheck for images without curl.
 /readyz: consuming, and Postgres answers. /healthz: the process is alive.`)
 	path := fs.String("config", "", "YAML config `file`")
 	probePath := fs.String("path", "/readyz", "endpoint: /readyz or /healthz")
 	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for the answer")
-	if err := parse(fs, args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		return err
 	}
-	cfg, _, err := e.loadConfig(*path)
+	cfg, _, err := e.LoadConfig(*path)
 	if err != nil {
 		return err
 	}
@@ -47,7 +47,7 @@ answers 2xx, 1 otherwise: a container healthcheck for images without curl.
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	fmt.Fprint(e.stdout, string(body))
+	fmt.Fprint(e.Stdout, string(body))
 	if resp.StatusCode/100 != 2 {
 		return fmt.Errorf("probe %s: %s", url, resp.Status)
 	}

@@ -9,8 +9,8 @@ import (
 	"github.com/idemhq/idem/internal/horizon"
 )
 
-func runPrune(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "prune", `Deletes dedup rows processed longer ago than postgres.retention plus the
+func runPrune(ctx context.Context, e *Env, args []string) error {
+	fs := NewFlags(e, "prune", `Deletes dedup rows processed longer ago than postgres.retention plus the
 consumers' clock skew. Consumers record in the database the retention they
 enforce; prune refuses a shorter one, so pruning never lets a replay through
 twice. It records how far it cut before deleting, and consumers refuse events
@@ -19,13 +19,13 @@ older than that.`)
 	batch := fs.Int("batch", 10000, "rows deleted per statement")
 	reset := fs.Bool("reset-horizon", false, "first set the recorded retention to this config's (after lowering every consumer's retention); the clock skew is only ever raised")
 	cutUntimed := fs.Bool("cut-untimed", false, "make the first cut although events without a time were claimed within the retention; from then on such events are refused (missing_time)")
-	if err := parse(fs, args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		return err
 	}
 	if *batch < 1 {
-		return usageErr(e, "idem prune: --batch must be at least 1, got %d", *batch)
+		return UsageErr(e, "idem prune: --batch must be at least 1, got %d", *batch)
 	}
-	cfg, _, dbs, err := e.loadDB(ctx, *path)
+	cfg, _, dbs, err := e.LoadDB(ctx, *path)
 	if err != nil {
 		return err
 	}
@@ -47,7 +47,7 @@ older than that.`)
 		if len(dbs) > 1 {
 			prefix = where + ": "
 		}
-		fmt.Fprintf(e.stdout, "%spruned %d dedup rows processed before %s\n", prefix, n, cutoff.UTC().Format(time.RFC3339))
+		fmt.Fprintf(e.Stdout, "%spruned %d dedup rows processed before %s\n", prefix, n, cutoff.UTC().Format(time.RFC3339))
 	}
 	return nil
 }

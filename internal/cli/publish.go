@@ -10,8 +10,8 @@ import (
 	"github.com/idemhq/idem/internal/loadgen"
 )
 
-func runPublish(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "publish", "Publishes a reproducible stream of PAYMENT_COMPLETED events with duplicates\nto the queue, persistent, with publisher confirms, and can write a manifest\nof what it sent for 'idem verify'.")
+func runPublish(ctx context.Context, e *Env, args []string) error {
+	fs := NewFlags(e, "publish", "Publishes a reproducible stream of PAYMENT_COMPLETED events with duplicates\nto the queue, persistent, with publisher confirms, and can write a manifest\nof what it sent for 'idem verify'.")
 	path := fs.String("config", "", "YAML config `file`")
 	count := fs.Int("count", 10000, "distinct events")
 	users := fs.Int("users", 100, "distinct users")
@@ -23,10 +23,10 @@ func runPublish(ctx context.Context, e *env, args []string) error {
 	manifest := fs.String("manifest", "", "write the manifest to this `file`")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	partitions := fs.Int("partitions", 0, "split the stream over `N` queues <queue>.0 … by userId (default: the partitions setting)")
-	if err := parse(fs, args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		return err
 	}
-	cfg, log, err := e.loadConfig(*path)
+	cfg, log, err := e.LoadConfig(*path)
 	if err != nil {
 		return err
 	}
@@ -51,8 +51,8 @@ func runPublish(ctx context.Context, e *env, args []string) error {
 		Rate:           *rate,
 	}
 	if !*quiet {
-		opt.Progress = e.stderr
-		fmt.Fprintf(e.stderr, "run %s: %d messages, %d distinct events, %d back-to-back and %d delayed re-sends, to queue %s\n",
+		opt.Progress = e.Stderr
+		fmt.Fprintf(e.Stderr, "run %s: %d messages, %d distinct events, %d back-to-back and %d delayed re-sends, to queue %s\n",
 			*run, len(s.Order), len(s.Events), s.BackToBack, s.Delayed, strings.Join(cfg.Topology().Queues(), ", "))
 	}
 	if err := loadgen.Publish(ctx, opt, s); err != nil {
@@ -63,7 +63,7 @@ func runPublish(ctx context.Context, e *env, args []string) error {
 			return fmt.Errorf("publish: write manifest: %w", err)
 		}
 		if !*quiet {
-			fmt.Fprintf(e.stderr, "manifest written to %s\n", *manifest)
+			fmt.Fprintf(e.Stderr, "manifest written to %s\n", *manifest)
 		}
 	}
 	return nil

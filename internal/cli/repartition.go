@@ -22,7 +22,7 @@ import (
 // locked against concurrent runs), so that a publisher may start before the
 // first consumer.
 func checkPartitions(ctx context.Context, cfg config.Config, log *slog.Logger) error {
-	dbs, err := openShards(ctx, cfg)
+	dbs, err := OpenShards(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -46,8 +46,8 @@ func checkPartitions(ctx context.Context, cfg config.Config, log *slog.Logger) e
 	return nil
 }
 
-func runRepartition(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "repartition", `Changes how many partition queues the stream is split over, as recorded in
+func runRepartition(ctx context.Context, e *Env, args []string) error {
+	fs := NewFlags(e, "repartition", `Changes how many partition queues the stream is split over, as recorded in
 the database, where consumers and idem publish check it at start. It refuses
 while any queue of the current layout holds messages or has a consumer:
 
@@ -60,13 +60,13 @@ Consumers then watch the old layout's queues and report any message a
 stale publisher strands there (log, idem_stranded_messages, /readyz).`)
 	path := fs.String("config", "", "YAML config `file`")
 	to := fs.Int("to", 0, "the new partition count `N` (1: one queue)")
-	if err := parse(fs, args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		return err
 	}
 	if *to < 1 {
-		return usageErr(e, "idem repartition: --to N is required, N at least 1")
+		return UsageErr(e, "idem repartition: --to N is required, N at least 1")
 	}
-	cfg, _, dbs, err := e.loadDB(ctx, *path)
+	cfg, _, dbs, err := e.LoadDB(ctx, *path)
 	if err != nil {
 		return err
 	}
@@ -78,7 +78,7 @@ stale publisher strands there (log, idem_stranded_messages, /readyz).`)
 		return err
 	}
 	if stream.Partitions == *to {
-		fmt.Fprintf(e.stdout, "%s already has %d partition(s)\n", cfg.Queue, *to)
+		fmt.Fprintf(e.Stdout, "%s already has %d partition(s)\n", cfg.Queue, *to)
 		return nil
 	}
 	old := cfg.Topology()
@@ -96,7 +96,7 @@ stale publisher strands there (log, idem_stranded_messages, /readyz).`)
 			return fmt.Errorf("shard %d: %w", i, err)
 		}
 	}
-	fmt.Fprintf(e.stdout, "%s: %d partition(s) → %d. Start consumers and publishers with partitions: %d (IDEM_PARTITIONS=%d)\n",
+	fmt.Fprintf(e.Stdout, "%s: %d partition(s) → %d. Start consumers and publishers with partitions: %d (IDEM_PARTITIONS=%d)\n",
 		cfg.Queue, stream.Partitions, *to, *to, *to)
 	return nil
 }

@@ -13,23 +13,23 @@ import (
 // mismatched effects. The table says which.
 var ErrVerifyFailed = errors.New("verification failed")
 
-func runVerify(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "verify", "Compares payments_ledger and account_balances (on every shard of\npostgres.shards) with a publish manifest and prints a table. Exits 1 on any\ndoubled, missing, misrouted or mismatched effect.")
+func runVerify(ctx context.Context, e *Env, args []string) error {
+	fs := NewFlags(e, "verify", "Compares payments_ledger and account_balances (on every shard of\npostgres.shards) with a publish manifest and prints a table. Exits 1 on any\ndoubled, missing, misrouted or mismatched effect.")
 	path := fs.String("config", "", "YAML config `file`")
 	manifest := fs.String("manifest", "", "manifest `file` written by 'idem publish --manifest' (required)")
 	wait := fs.Duration("wait", 0, "keep checking up to this long while events are still missing")
-	if err := parse(fs, args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		return err
 	}
 	if *manifest == "" {
-		fmt.Fprintln(e.stderr, "idem verify: --manifest is required")
+		fmt.Fprintln(e.Stderr, "idem verify: --manifest is required")
 		return ErrUsage
 	}
 	m, err := loadgen.ReadManifest(*manifest)
 	if err != nil {
 		return err
 	}
-	_, _, dbs, err := e.loadDB(ctx, *path)
+	_, _, dbs, err := e.LoadDB(ctx, *path)
 	if err != nil {
 		return err
 	}
@@ -38,7 +38,7 @@ func runVerify(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	r.Print(e.stdout)
+	r.Print(e.Stdout)
 	if !r.OK() {
 		return ErrVerifyFailed
 	}

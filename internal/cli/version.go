@@ -29,11 +29,11 @@ func Version() string {
 	return fmt.Sprintf("idem %s %s %s%s%s %s", bi.Main.Path, bi.Main.Version, rev, modified, when, bi.GoVersion)
 }
 
-func runVersion(_ context.Context, e *env, args []string) error {
-	fs := newFlags(e, "version", "Prints the module version, VCS revision and Go version of this binary.")
-	if err := parse(fs, args); err != nil {
+func runVersion(_ context.Context, e *Env, args []string) error {
+	fs := NewFlags(e, "version", "Prints the module version, VCS revision and Go version of this binary.")
+	if err := Parse(fs, args); err != nil {
 		return err
 	}
-	fmt.Fprintln(e.stdout, Version())
+	fmt.Fprintln(e.Stdout, Version())
 	return nil
 }

@@ -85,7 +85,7 @@ type Consumer struct {
 	BatchLinger time.Duration `yaml:"batch_linger"`
 	// KeyOrder applies one user's events in the order the consumer received
 	// them, within a partition (see consumer.Config.KeyOrder): for handlers
-	// where a refund must follow its payment. Costs throughput (idem bench
+	// where a refund must follow its payment. Costs throughput (idem-lab bench
 	// row "batched, key order, 25%"). Defaults to false.
 	KeyOrder bool `yaml:"key_order"`
 	// DeliveryLimit is attempts for a failing handler before the message is

@@ -118,51 +118,6 @@ func (p *Proc) Stats() (map[string]int64, error) {
 	return m, json.Unmarshal(b, &m)
 }
 
-// WriteStats writes v as JSON to path through a temporary file and a
-// rename, so that a reader (Proc.Stats) never sees a torn file, even when
-// the writer is killed mid-write.
-func WriteStats(path string, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
-
-// WriteStatsEvery writes snapshot() to path with WriteStats every interval
-// until the returned func is called; that func stops the writer and writes
-// a last time. onErr, if set, sees failed writes.
-func WriteStatsEvery(path string, interval time.Duration, snapshot func() any, onErr func(error)) (stop func()) {
-	write := func() {
-		if err := WriteStats(path, snapshot()); err != nil && onErr != nil {
-			onErr(err)
-		}
-	}
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-t.C:
-				write()
-			case <-quit:
-				return
-			}
-		}
-	}()
-	return func() {
-		close(quit)
-		<-done
-		write()
-	}
-}
-
 // LogContains reports whether the process's log holds s, e.g. the
 // consumer's "msg=consuming" once it is up.
 func (p *Proc) LogContains(s string) bool {

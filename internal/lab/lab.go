@@ -2,7 +2,7 @@
 // at-least-once stream side by side, on the same workload and the same
 // faults, and measures what each one does: doubled effects, lost events,
 // round trips, throughput, and behaviour while Redis is down. It is
-// `idem lab`; `idem lab-worker` is one of its worker processes.
+// `idem-lab lab`; `idem-lab lab-worker` is one of its worker processes.
 package lab
 
 import (

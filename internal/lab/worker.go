@@ -13,12 +13,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/crashpoint"
-	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/roundtrip"
+	"github.com/idemhq/idem/internal/telemetry"
 )
 
-// WorkerOptions configure one lab worker process (`idem lab-worker`).
+// WorkerOptions configure one lab worker process (`idem-lab lab-worker`).
 type WorkerOptions struct {
 	Approach    string
 	AMQPURL     string
@@ -63,7 +63,7 @@ func (c *counters) snapshot() WorkerStats {
 // backoff.
 func RunWorker(ctx context.Context, o WorkerOptions) error {
 	var c counters
-	writeStats := func() { _ = fleet.WriteStats(o.StatsFile, c.snapshot()) }
+	writeStats := func() { _ = telemetry.WriteStats(o.StatsFile, c.snapshot()) }
 	crash, err := crashpoint.Arm(o.Getenv, []string{AfterCheck, AfterEffect}, writeStats)
 	if err != nil {
 		return err
@@ -113,7 +113,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		return fmt.Errorf("lab worker: consume: %w", err)
 	}
 
-	stopStats := fleet.WriteStatsEvery(o.StatsFile, 100*time.Millisecond, func() any { return c.snapshot() }, nil)
+	stopStats := telemetry.WriteStatsEvery(o.StatsFile, 100*time.Millisecond, func() any { return c.snapshot() }, nil)
 	defer stopStats()
 
 	var wg sync.WaitGroup

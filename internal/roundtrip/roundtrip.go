@@ -1,5 +1,5 @@
 // Package roundtrip counts round trips to Postgres and Redis, for the
-// measurements of idem lab and idem bench: a pgx tracer and a go-redis hook
+// measurements of idem-lab lab and idem-lab bench: a pgx tracer and a go-redis hook
 // that add one to a counter per trip.
 package roundtrip
 

@@ -2,7 +2,7 @@
 // so that chaos runs and tests can kill, pause, slow, flush and restart them
 // without touching the shared services; and it closes RabbitMQ connections
 // by their client-provided names. Every function returns an error rather than
-// failing a test: `idem chaos` and `idem lab` use it as well as the tests
+// failing a test: `idem-lab chaos` and `idem-lab lab` use it as well as the tests
 // (through internal/testenv).
 package sandbox
 

@@ -1,14 +1,16 @@
 // Package telemetry serves a consumer's metrics and health on metrics_addr
 // (/metrics, /healthz, /readyz) and turns its metrics into the flat counts
-// that --stats-file, idem chaos and the tests read.
+// that --stats-file, idem-lab chaos and the tests read.
 package telemetry
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -119,4 +121,49 @@ func labels(m *dto.Metric) map[string]string {
 		out[lp.GetName()] = lp.GetValue()
 	}
 	return out
+}
+
+// WriteStats writes v as JSON to path through a temporary file and a
+// rename, so that a reader (Proc.Stats) never sees a torn file, even when
+// the writer is killed mid-write.
+func WriteStats(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// WriteStatsEvery writes snapshot() to path with WriteStats every interval
+// until the returned func is called; that func stops the writer and writes
+// a last time. onErr, if set, sees failed writes.
+func WriteStatsEvery(path string, interval time.Duration, snapshot func() any, onErr func(error)) (stop func()) {
+	write := func() {
+		if err := WriteStats(path, snapshot()); err != nil && onErr != nil {
+			onErr(err)
+		}
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				write()
+			case <-quit:
+				return
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+		write()
+	}
 }

@@ -33,7 +33,7 @@ func VHost(t testing.TB) string {
 // as a broker restart or a network cut would.
 func CloseConnections(t testing.TB, amqpURL string) {
 	t.Helper()
-	if err := sandbox.CloseVHostConnections(amqpURL, "idem chaos test"); err != nil {
+	if err := sandbox.CloseVHostConnections(amqpURL, "idem-lab chaos test"); err != nil {
 		t.Fatal(err)
 	}
 }

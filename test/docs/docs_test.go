@@ -130,7 +130,7 @@ func TestDocsQuoteTheChaosReports(t *testing.T) {
 
 	ten := readReport(t, "chaos-10m.html")
 	require.Contains(t, readme, "The ten-minute run with seed "+ten.seed+" injected "+ten.faults+" faults into "+ten.messages+" messages")
-	require.Contains(t, design, "idem chaos --duration 10m --seed "+ten.seed)
+	require.Contains(t, design, "idem-lab chaos --duration 10m --seed "+ten.seed)
 	require.Contains(t, design, ten.messages+" messages")
 	require.Contains(t, design, ten.faults+" faults")
 

@@ -17,7 +17,7 @@ import (
 	"github.com/idemhq/idem/internal/wire"
 )
 
-// runChaos runs `idem chaos` with args and a seed (IDEM_CHAOS_SEED replays
+// runChaos runs `idem-lab chaos` with args and a seed (IDEM_CHAOS_SEED replays
 // one; the seed in use is logged), requires its verdict to pass, and
 // returns its JSON result and its directory.
 func runChaos(t *testing.T, args ...string) (chaos.Result, string) {
@@ -28,10 +28,10 @@ func runChaos(t *testing.T, args ...string) (chaos.Result, string) {
 	}
 	t.Logf("seed %d (rerun with IDEM_CHAOS_SEED=%d)", seed, seed)
 	dir := t.TempDir()
-	cmd := exec.Command(idemBin, append([]string{"chaos", "--settle", "2m", "--seed", strconv.FormatInt(seed, 10), "--dir", dir}, args...)...)
+	cmd := exec.Command(labBin, append([]string{"chaos", "--settle", "2m", "--seed", strconv.FormatInt(seed, 10), "--dir", dir}, args...)...)
 	cmd.Env = append(os.Environ(), "AMQP_URL="+testenv.AMQPURL())
 	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "idem chaos %v failed:\n%s", args, out)
+	require.NoError(t, err, "idem-lab chaos %v failed:\n%s", args, out)
 	require.Contains(t, string(out), "PASS: every event applied exactly once")
 
 	b, err := os.ReadFile(filepath.Join(dir, "chaos.json"))
@@ -43,7 +43,7 @@ func runChaos(t *testing.T, args ...string) (chaos.Result, string) {
 	return res, dir
 }
 
-// TestChaosCI runs `idem chaos` with the CI scenario: 4 consumers, 40
+// TestChaosCI runs `idem-lab chaos` with the CI scenario: 4 consumers, 40
 // seconds of stream with a quarter re-sent, and every fault kind at least
 // once, each crash point included. The command's own verdict must pass,
 // and its JSON must show that every fault really happened.
@@ -75,7 +75,7 @@ func TestChaosCI(t *testing.T) {
 	require.Contains(t, string(html), "<svg")
 }
 
-// TestChaosClusterCI runs `idem chaos --cluster`: the fleet on a Redis
+// TestChaosClusterCI runs `idem-lab chaos --cluster`: the fleet on a Redis
 // Cluster, a three-node RabbitMQ cluster with four partition queues and two
 // PostgreSQL shards, all the run's own, for 40 seconds of stream, with the
 // faults a distributed deployment adds (a Redis master killed, the node

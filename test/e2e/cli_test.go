@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/crashpoint"
 )
 
 func exitCode(err error) int {
@@ -104,7 +106,7 @@ func TestCommandLineContract(t *testing.T) {
 	}
 }
 
-// TestBenchMeasuresAndVerifies runs `idem bench` on a few small rows: it
+// TestBenchMeasuresAndVerifies runs `idem-lab bench` on a few small rows: it
 // prints the table with each row's ratio to its baseline, and every idem run
 // in it was verified exactly-once.
 func TestBenchMeasuresAndVerifies(t *testing.T) {
@@ -163,4 +165,36 @@ func TestTheRepositoryStandsOnItsOwn(t *testing.T) {
 		require.NoError(t, err)
 		require.NotRegexp(t, `shared/|DESIGN\.md|STYLE\.md|\bI[1-8]\b`, string(b), "%s points outside the repository", f)
 	}
+}
+
+// TestTheShippedBinaryHoldsNoHarness: the idem binary links none of the
+// harness (crash points, the process runner, the servers it starts, chaos,
+// the lab, the bench), so nothing in it can kill itself or start a
+// database; idem-lab holds them, and its consume can be armed.
+func TestTheShippedBinaryHoldsNoHarness(t *testing.T) {
+	t.Parallel()
+	harness := []string{"internal/crashpoint", "internal/fleet", "internal/sandbox", "internal/chaos", "internal/lab", "internal/bench", "internal/harness", "internal/testenv"}
+	linked := func(bin string) string {
+		out, err := exec.Command("go", "tool", "nm", bin).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		return string(out)
+	}
+	prod := linked(idemBin)
+	for _, pkg := range harness {
+		require.NotContains(t, prod, "github.com/idemhq/idem/"+pkg+".", "the shipped binary links %s", pkg)
+	}
+	require.Contains(t, linked(labBin), "github.com/idemhq/idem/internal/crashpoint.")
+
+	e := newEnv(t, "", "")
+	r := e.run(nil, "chaos", "--help")
+	require.Zero(t, r.code, r.out)
+	out, err := exec.Command(idemBin, "chaos").CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), `idem: unknown command "chaos"`)
+	// An armed crash point means nothing to the shipped consume.
+	cmd := exec.Command(idemBin, "consume")
+	cmd.Env = append(append(os.Environ(), e.vars...), crashpoint.EnvAt+"=not_a_step", "IDEM_CONSUMER_STARTUP_TIMEOUT=1s", "AMQP_URL=amqp://guest:guest@127.0.0.1:1/")
+	out, _ = cmd.CombinedOutput()
+	require.Contains(t, string(out), "RabbitMQ was not reachable")
+	require.NotContains(t, string(out), "crash point")
 }

@@ -27,7 +27,9 @@ import (
 	"github.com/idemhq/idem/internal/verify"
 )
 
-var idemBin string
+// idemBin is the shipped binary (cmd/idem); labBin is the harness
+// (cmd/idem-lab): demo, chaos, lab, bench, and a consume crash points arm.
+var idemBin, labBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "idem-e2e-")
@@ -35,16 +37,18 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	idemBin = filepath.Join(dir, "idem")
-	args := []string{"build", "-buildvcs=auto", "-o", idemBin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	build := exec.Command("go", append(args, "github.com/idemhq/idem/cmd/idem")...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build idem:", err)
-		os.Exit(1)
+	idemBin, labBin = filepath.Join(dir, "idem"), filepath.Join(dir, "idem-lab")
+	for bin, pkg := range map[string]string{idemBin: "cmd/idem", labBin: "cmd/idem-lab"} {
+		args := []string{"build", "-buildvcs=auto", "-o", bin}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		build := exec.Command("go", append(args, "github.com/idemhq/idem/"+pkg)...)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build", pkg+":", err)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
@@ -138,7 +142,7 @@ func (e *env) idem(args ...string) (string, error) {
 // command prepares an idem subcommand with the test's environment plus
 // extraEnv; its stdout and stderr go to out.
 func (e *env) command(ctx context.Context, extraEnv []string, args ...string) (cmd *exec.Cmd, out *bytes.Buffer) {
-	cmd = exec.CommandContext(ctx, idemBin, args...)
+	cmd = exec.CommandContext(ctx, binFor(args[0], extraEnv), args...)
 	cmd.Env = append(append(os.Environ(), e.vars...), extraEnv...)
 	out = &bytes.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
@@ -195,7 +199,8 @@ func (e *env) publish(count int, dupRatio float64, extra ...string) loadgen.Mani
 // consume starts one `idem consume` with extra environment.
 func (e *env) consume(name string, extraEnv ...string) *fleet.Proc {
 	e.t.Helper()
-	p, err := fleet.Start(fleet.Spec{Bin: idemBin, Name: name, Dir: e.dir, Env: append(append([]string{}, e.vars...), extraEnv...)})
+	vars := append(append([]string{}, e.vars...), extraEnv...)
+	p, err := fleet.Start(fleet.Spec{Bin: binFor("consume", vars), Name: name, Dir: e.dir, Env: vars})
 	require.NoError(e.t, err)
 	e.procs = append(e.procs, p)
 	return p
@@ -353,4 +358,19 @@ func (e *env) channel() *amqp.Channel {
 	ch, err := conn.Channel()
 	require.NoError(e.t, err)
 	return ch
+}
+
+// binFor is the binary that runs command: the harness for its own commands
+// and for a consume with a crash point armed, the shipped binary otherwise.
+func binFor(command string, env []string) string {
+	switch command {
+	case "demo", "chaos", "lab", "lab-worker", "bench", "bench-worker":
+		return labBin
+	}
+	for _, v := range env {
+		if strings.HasPrefix(v, crashpoint.EnvAt+"=") {
+			return labBin
+		}
+	}
+	return idemBin
 }

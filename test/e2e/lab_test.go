@@ -14,7 +14,7 @@ import (
 	"github.com/idemhq/idem/internal/testenv"
 )
 
-// TestLabShowsEachFailureMode runs `idem lab` small on four approaches and
+// TestLabShowsEachFailureMode runs `idem-lab lab` small on four approaches and
 // checks that the measurement shows what each one is: no dedup doubles
 // every re-sent event; a Redis claim before processing loses the event
 // whose worker died after the claim, and doubles once Redis forgets; the
@@ -24,7 +24,7 @@ func TestLabShowsEachFailureMode(t *testing.T) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "lab.json")
 	const events, seed = 600, 3
-	cmd := exec.Command(idemBin, "lab", "--events", "600", "--seed", "3", "--outage", "2s",
+	cmd := exec.Command(labBin, "lab", "--events", "600", "--seed", "3", "--outage", "2s",
 		"--approaches", "broker-only,redis-claim-first,pg-unique,idem", "--dir", dir, "--json", out)
 	cmd.Env = append(os.Environ(), "AMQP_URL="+testenv.AMQPURL(), "DATABASE_URL="+testenv.DatabaseURL())
 	b, err := cmd.CombinedOutput()

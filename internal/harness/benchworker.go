@@ -1,4 +1,4 @@
-package cli
+package harness
 
 import (
 	"context"
@@ -8,19 +8,20 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/internal/bench"
+	"github.com/idemhq/idem/internal/cli"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/telemetry"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/idem"
 )
 
-func runBenchWorker(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "bench-worker", "One consumer process of 'idem bench', which starts it: it sets up, prints\n\"ready\", waits for a line on stdin, then consumes until SIGTERM, counting\nin --stats-file. --mode raw only acks; --mode idem runs the consumer as\n'idem consume' does, configured by the IDEM_* environment.")
+func runBenchWorker(ctx context.Context, e *cli.Env, args []string) error {
+	fs := cli.NewFlags(e, "bench-worker", "One consumer process of 'idem-lab bench', which starts it: it sets up, prints\n\"ready\", waits for a line on stdin, then consumes until SIGTERM, counting\nin --stats-file. --mode raw only acks; --mode idem runs the consumer as\n'idem consume' does, configured by the IDEM_* environment.")
 	mode := fs.String("mode", "idem", "raw or idem")
 	name := fs.String("name", "idem-bench", "RabbitMQ connection `name`")
 	statsFile := fs.String("stats-file", "", "write counts as JSON to this `file`")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the measured part to this `file`")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *cpuProfile != "" {
@@ -31,28 +32,28 @@ func runBenchWorker(ctx context.Context, e *env, args []string) error {
 		defer stop()
 	}
 	if *statsFile == "" {
-		return usageErr(e, "idem bench-worker: --stats-file is required")
+		return cli.UsageErr(e, "idem-lab bench-worker: --stats-file is required")
 	}
-	cfg, log, err := e.loadConfig("")
+	cfg, log, err := e.LoadConfig("")
 	if err != nil {
 		return err
 	}
-	tuneGC(e.getenv) // as idem consume does
+	cli.TuneGC(e.Getenv) // as idem consume does
 	rec := &bench.Recorder{}
 	if *mode == "raw" {
-		return bench.Serve(ctx, *statsFile, rec, os.Stdin, e.stdout, func(ctx context.Context) error {
+		return bench.Serve(ctx, *statsFile, rec, os.Stdin, e.Stdout, func(ctx context.Context) error {
 			return bench.RunRaw(ctx, cfg.AMQPURL, cfg.Queue, cfg.Consumer.Prefetch, rec)
 		})
 	}
 	if *mode != "idem" {
-		return usageErr(e, "idem bench-worker: --mode %q: want raw or idem", *mode)
+		return cli.UsageErr(e, "idem-lab bench-worker: --mode %q: want raw or idem", *mode)
 	}
-	pool, err := openPool(ctx, cfg, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = rec.PGTracer() })
+	pool, err := cli.OpenPool(ctx, cfg, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = rec.PGTracer() })
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	rdb, err := redisClient(cfg)
+	rdb, err := cli.RedisClient(cfg)
 	if err != nil {
 		return err
 	}
@@ -63,7 +64,7 @@ func runBenchWorker(ctx context.Context, e *env, args []string) error {
 	// As idem consume runs, with the same metrics, so that their cost is
 	// measured, and the horizon recorded, so that every claim checks it.
 	reg := telemetry.NewRegistry()
-	sc := serviceConfig(cfg, shards{pool}, rdb, log)
+	sc := cli.ServiceConfig(cfg, cli.Shards{pool}, rdb, log)
 	sc.Consumer.ConnectionName = *name
 	sc.Consumer.Observer = recordingObserver{rec}
 	sc.Metrics = reg
@@ -71,7 +72,7 @@ func runBenchWorker(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	return bench.Serve(ctx, *statsFile, rec, os.Stdin, e.stdout, func(ctx context.Context) error {
+	return bench.Serve(ctx, *statsFile, rec, os.Stdin, e.Stdout, func(ctx context.Context) error {
 		err := svc.Run(ctx)
 		snap, serr := telemetry.Snapshot(reg)
 		rec.AddBreaker(snap)

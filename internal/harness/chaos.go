@@ -1,4 +1,4 @@
-package cli
+package harness
 
 import (
 	"context"
@@ -8,10 +8,11 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/internal/chaos"
+	"github.com/idemhq/idem/internal/cli"
 )
 
-func runChaos(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "chaos", `Runs a fleet of 'idem consume' processes on a stream with duplicates
+func runChaos(ctx context.Context, e *cli.Env, args []string) error {
+	fs := cli.NewFlags(e, "chaos", `Runs a fleet of 'idem consume' processes on a stream with duplicates
 (back-to-back, delayed and concurrent re-sends) while a schedule of faults
 drawn from the seed hits it: consumers SIGKILLed and armed to die at every
 named crash point; the run's own Redis killed, paused, slowed, flushed and
@@ -43,7 +44,7 @@ and the Redis faults hit a master. Fault kinds:
 	dir := fs.String("dir", "", "directory for logs, chaos.json and chaos.html (default: a new temp dir)")
 	cluster := fs.Bool("cluster", false, "run on a Redis Cluster, a 3-node RabbitMQ cluster with partitioned queues and 2 PostgreSQL shards of the run's own, adding rabbit-kill")
 	partitions := fs.Int("partitions", 0, "queue partitions of a --cluster run (default 4)")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *seed == 0 {
@@ -51,10 +52,10 @@ and the Redis faults hit a master. Fault kinds:
 	}
 	kinds, err := chaos.ParseKinds(*faults, *cluster)
 	if err != nil {
-		fmt.Fprintf(e.stderr, "idem chaos: --faults: %v\n", err)
-		return ErrUsage
+		fmt.Fprintf(e.Stderr, "idem-lab chaos: --faults: %v\n", err)
+		return cli.ErrUsage
 	}
-	cfg, _, err := e.loadConfig(*path)
+	cfg, _, err := e.LoadConfig(*path)
 	if err != nil {
 		return err
 	}
@@ -76,13 +77,13 @@ and the Redis faults hit a master. Fault kinds:
 	res, err := chaos.Run(ctx, chaos.Options{
 		Bin: bin, Dir: *dir, AMQPURL: cfg.AMQPURL, Consumers: *consumers, Duration: *duration, Rate: *rate,
 		DupRatio: *dup, Users: *users, Seed: *seed, Faults: kinds, Settle: *settle, ConfigPath: *path,
-		Cluster: *cluster, Partitions: *partitions, Progress: e.stderr,
+		Cluster: *cluster, Partitions: *partitions, Progress: e.Stderr,
 	})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(e.stdout)
-	res.Print(e.stdout)
+	fmt.Fprintln(e.Stdout)
+	res.Print(e.Stdout)
 	jsonPath, htmlPath := filepath.Join(*dir, "chaos.json"), filepath.Join(*dir, "chaos.html")
 	if err := res.WriteJSON(jsonPath); err != nil {
 		return err
@@ -90,9 +91,9 @@ and the Redis faults hit a master. Fault kinds:
 	if err := res.WriteHTML(htmlPath); err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "\nreport: %s\nnumbers: %s\nconsumer logs: %s\n", htmlPath, jsonPath, *dir)
+	fmt.Fprintf(e.Stdout, "\nreport: %s\nnumbers: %s\nconsumer logs: %s\n", htmlPath, jsonPath, *dir)
 	if !res.OK {
-		return ErrVerifyFailed
+		return cli.ErrVerifyFailed
 	}
 	return nil
 }

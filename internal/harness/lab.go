@@ -1,4 +1,4 @@
-package cli
+package harness
 
 import (
 	"context"
@@ -9,11 +9,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemhq/idem/internal/cli"
 	"github.com/idemhq/idem/internal/lab"
 )
 
-func runLab(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "lab", `Runs the approaches to deduplicating an at-least-once stream side by side
+func runLab(ctx context.Context, e *cli.Env, args []string) error {
+	fs := cli.NewFlags(e, "lab", `Runs the approaches to deduplicating an at-least-once stream side by side
 on the same stream and the same faults, and prints what each did:
 
 `+labApproachList()+`
@@ -47,10 +48,10 @@ its own; it needs rabbitmqctl to see unacked messages.`)
 	runs := fs.Int("runs", 1, "repeat the clean pass this many times; the table shows medians")
 	dir := fs.String("dir", "", "directory for worker logs (default: a new temp dir)")
 	jsonOut := fs.String("json", "", "also write the results as JSON to this `file`")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
-	cfg, _, err := e.loadConfig("")
+	cfg, _, err := e.LoadConfig("")
 	if err != nil {
 		return err
 	}
@@ -70,16 +71,16 @@ its own; it needs rabbitmqctl to see unacked messages.`)
 	rows, err := lab.Run(ctx, lab.Options{
 		Bin: bin, Dir: *dir, AMQPURL: cfg.AMQPURL, DatabaseURL: cfg.DatabaseURL, Approaches: names,
 		Events: *events, DupRatio: *dup, Users: *users, Seed: *seed, Processes: *procs, Workers: *workers,
-		Prefetch: *prefetch, TTL: *ttl, Runs: *runs, PGLatency: *pgLatency, Outage: *outage, Drain: *drain, Progress: e.stderr,
+		Prefetch: *prefetch, TTL: *ttl, Runs: *runs, PGLatency: *pgLatency, Outage: *outage, Drain: *drain, Progress: e.Stderr,
 	})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(e.stdout)
+	fmt.Fprintln(e.Stdout)
 	if *pgLatency > 0 {
-		fmt.Fprintf(e.stdout, "workers reach Postgres with %s added each way\n\n", *pgLatency)
+		fmt.Fprintf(e.Stdout, "workers reach Postgres with %s added each way\n\n", *pgLatency)
 	}
-	lab.Print(e.stdout, rows)
+	lab.Print(e.Stdout, rows)
 	if *jsonOut != "" {
 		b, _ := json.MarshalIndent(rows, "", "  ")
 		if err := os.WriteFile(*jsonOut, b, 0o644); err != nil {
@@ -97,8 +98,8 @@ func labApproachList() string {
 	return strings.TrimRight(b.String(), "\n")
 }
 
-func runLabWorker(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "lab-worker", "One worker process of 'idem lab' (started by it): consumes --queue with one\napproach. DATABASE_URL, REDIS_URL and AMQP_URL say where; IDEM_CRASH_AT\n("+lab.AfterCheck+" or "+lab.AfterEffect+") and IDEM_CRASH_AFTER arm a SIGKILL.")
+func runLabWorker(ctx context.Context, e *cli.Env, args []string) error {
+	fs := cli.NewFlags(e, "lab-worker", "One worker process of 'idem-lab lab' (started by it): consumes --queue with one\napproach. DATABASE_URL, REDIS_URL and AMQP_URL say where; IDEM_CRASH_AT\n("+lab.AfterCheck+" or "+lab.AfterEffect+") and IDEM_CRASH_AFTER arm a SIGKILL.")
 	o := lab.WorkerOptions{}
 	fs.StringVar(&o.Approach, "approach", "", "the approach: "+strings.Join(lab.Approaches, ", "))
 	fs.StringVar(&o.Queue, "queue", "", "queue to consume")
@@ -107,18 +108,18 @@ func runLabWorker(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&o.Workers, "workers", 8, "concurrent handlers")
 	fs.IntVar(&o.Prefetch, "prefetch", 32, "unacked messages")
 	fs.DurationVar(&o.TTL, "ttl", 24*time.Hour, "Redis key TTL")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if o.Queue == "" || o.StatsFile == "" {
-		fmt.Fprintln(e.stderr, "idem lab-worker: --queue and --stats-file are required")
-		return ErrUsage
+		fmt.Fprintln(e.Stderr, "idem-lab lab-worker: --queue and --stats-file are required")
+		return cli.ErrUsage
 	}
-	cfg, log, err := e.loadConfig("")
+	cfg, log, err := e.LoadConfig("")
 	if err != nil {
 		return err
 	}
-	o.AMQPURL, o.DatabaseURL, o.RedisURL, o.Logger, o.Getenv = cfg.AMQPURL, cfg.DatabaseURL, cfg.RedisURL, log, e.getenv
+	o.AMQPURL, o.DatabaseURL, o.RedisURL, o.Logger, o.Getenv = cfg.AMQPURL, cfg.DatabaseURL, cfg.RedisURL, log, e.Getenv
 	o.StatsFile, _ = filepath.Abs(o.StatsFile)
 	return lab.RunWorker(ctx, o)
 }

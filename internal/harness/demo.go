@@ -1,4 +1,4 @@
-package cli
+package harness
 
 import (
 	"context"
@@ -9,14 +9,15 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/idemhq/idem/internal/cli"
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/loadgen"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/verify"
 )
 
-func runDemo(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "demo", "The main job, end to end: migrates, starts a fleet of 'idem consume'\nprocesses, publishes a stream with duplicates, waits until every event is\napplied, stops the fleet with SIGTERM and prints the verification table and\nthe fleet's outcome counts. Exits 1 if anything was doubled or lost.")
+func runDemo(ctx context.Context, e *cli.Env, args []string) error {
+	fs := cli.NewFlags(e, "demo", "The main job, end to end: migrates, starts a fleet of 'idem consume'\nprocesses, publishes a stream with duplicates, waits until every event is\napplied, stops the fleet with SIGTERM and prints the verification table and\nthe fleet's outcome counts. Exits 1 if anything was doubled or lost.")
 	path := fs.String("config", "", "YAML config `file` (passed to the consumers too)")
 	consumers := fs.Int("consumers", 3, "consumer processes")
 	count := fs.Int("count", 20000, "distinct events")
@@ -25,13 +26,13 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()), "random seed")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up if the fleet has not applied every event by then")
 	dir := fs.String("dir", "", "directory for consumer logs and the manifest (default: a new temp dir)")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *consumers < 1 {
-		return usageErr(e, "idem demo: --consumers must be at least 1, got %d", *consumers)
+		return cli.UsageErr(e, "idem-lab demo: --consumers must be at least 1, got %d", *consumers)
 	}
-	cfg, log, dbs, err := e.loadDB(ctx, *path)
+	cfg, log, dbs, err := e.LoadDB(ctx, *path)
 	if err != nil {
 		return err
 	}
@@ -55,7 +56,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	}
 
 	run := loadgen.RunID(*seed)
-	fmt.Fprintf(e.stdout, "run %s: %d consumers, %d events + %.0f%% duplicates, logs in %s\n", run, *consumers, *count, *dup*100, *dir)
+	fmt.Fprintf(e.Stdout, "run %s: %d consumers, %d events + %.0f%% duplicates, logs in %s\n", run, *consumers, *count, *dup*100, *dir)
 	var procs []*fleet.Proc
 	defer func() {
 		for _, p := range procs {
@@ -89,7 +90,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 		URL:            cfg.AMQPURL,
 		Topology:       cfg.Topology(),
 		ConnectionName: "idem-demo-publish",
-		Progress:       e.stderr,
+		Progress:       e.Stderr,
 	}, s); err != nil {
 		return err
 	}
@@ -114,21 +115,21 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	}
 	procs = nil
 
-	fmt.Fprintf(e.stdout, "\nfleet outcomes (%d consumers, %.1fs from first publish to last effect, %.0f msg/s)\n",
+	fmt.Fprintf(e.Stdout, "\nfleet outcomes (%d consumers, %.1fs from first publish to last effect, %.0f msg/s)\n",
 		*consumers, elapsed.Seconds(), float64(m.Messages)/elapsed.Seconds())
 	printCounts(e, totals)
-	fmt.Fprintln(e.stdout)
-	r.Print(e.stdout)
-	fmt.Fprintf(e.stdout, "\nmanifest: %s (re-check with: idem verify --manifest %s)\n", manifestPath, manifestPath)
+	fmt.Fprintln(e.Stdout)
+	r.Print(e.Stdout)
+	fmt.Fprintf(e.Stdout, "\nmanifest: %s (re-check with: idem verify --manifest %s)\n", manifestPath, manifestPath)
 	if !r.OK() {
-		return ErrVerifyFailed
+		return cli.ErrVerifyFailed
 	}
 	return nil
 }
 
 // printCounts prints the outcome counts, and the counters and per-reason
 // counts ("count/…", "dead_lettered/…") that are not zero.
-func printCounts(e *env, counts map[string]int64) {
+func printCounts(e *cli.Env, counts map[string]int64) {
 	keys := make([]string, 0, len(counts))
 	for k, v := range counts {
 		if v != 0 || !strings.Contains(k, "/") {
@@ -136,7 +137,7 @@ func printCounts(e *env, counts map[string]int64) {
 		}
 	}
 	sort.Strings(keys)
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(e.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	for _, k := range keys {
 		fmt.Fprintf(tw, "%s\t%d\t\n", k, counts[k])
 	}

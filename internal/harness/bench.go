@@ -1,4 +1,4 @@
-package cli
+package harness
 
 import (
 	"context"
@@ -10,14 +10,15 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/internal/bench"
+	"github.com/idemhq/idem/internal/cli"
 )
 
-func runBench(ctx context.Context, e *env, args []string) error {
+func runBench(ctx context.Context, e *cli.Env, args []string) error {
 	var names []string
 	for _, r := range bench.Rows() {
 		names = append(names, "  "+r.Name)
 	}
-	fs := newFlags(e, "bench", `Measures idem against a raw consumer that only consumes and acks, every row
+	fs := cli.NewFlags(e, "bench", `Measures idem against a raw consumer that only consumes and acks, every row
 on the same broker, database and Redis in one run, and prints one table:
 messages per second (median of --runs) and the ratio to the row's baseline,
 CPU per message of the consumer, PostgreSQL, RabbitMQ and Redis (from /proc),
@@ -45,7 +46,7 @@ every postgres, beam.smp and redis-server process.`)
 	dir := fs.String("dir", "", "worker logs go here (default: a temporary directory)")
 	profile := fs.Bool("profile", false, "write a CPU profile of each worker into --dir")
 	render := fs.String("render", "", "run nothing: print the table (and write --svg) from the JSON `file` of an earlier run")
-	if err := parse(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *render != "" {
@@ -57,10 +58,10 @@ every postgres, beam.smp and redis-server process.`)
 		if err := json.Unmarshal(b, &results); err != nil {
 			return fmt.Errorf("bench: %s: %w", *render, err)
 		}
-		bench.Print(e.stdout, results)
+		bench.Print(e.Stdout, results)
 		return writeChart(*svgPath, results)
 	}
-	cfg, _, err := e.loadConfig("")
+	cfg, _, err := e.LoadConfig("")
 	if err != nil {
 		return err
 	}
@@ -81,15 +82,15 @@ every postgres, beam.smp and redis-server process.`)
 			only = append(only, r)
 		}
 	}
-	fmt.Fprintf(e.stdout, "idem bench: %d messages per row, %d run(s) each; worker logs in %s\n", *events, *runs, *dir)
+	fmt.Fprintf(e.Stdout, "idem-lab bench: %d messages per row, %d run(s) each; worker logs in %s\n", *events, *runs, *dir)
 	results, err := bench.Run(ctx, bench.Options{
 		Bin: bin, Dir: *dir, AMQPURL: cfg.AMQPURL, DatabaseURL: cfg.DatabaseURL, RedisURL: cfg.RedisURL,
 		Events: *events, Users: *users, Runs: *runs, Prefill: *prefill, Rate: *rate, LatencyFor: *latencyFor,
-		Only: only, Seed: *seed, Profile: *profile, Progress: e.stderr,
+		Only: only, Seed: *seed, Profile: *profile, Progress: e.Stderr,
 	})
 	if len(results) > 0 {
-		fmt.Fprintln(e.stdout)
-		bench.Print(e.stdout, results)
+		fmt.Fprintln(e.Stdout)
+		bench.Print(e.Stdout, results)
 	}
 	if err != nil {
 		return err
