@@ -6,7 +6,6 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,11 +14,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
-	"syscall"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,6 +25,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/broker"
+	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/loadgen"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/sandbox"
@@ -495,49 +493,22 @@ func percentile(v []int64, p float64) float64 {
 
 // workerSet is a row's worker processes.
 type workerSet struct {
-	procs []*workerProc
-}
-
-type workerProc struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	stats string
-	done  chan error
+	procs []*fleet.Proc
 }
 
 func startWorkers(bin, dir, name string, row Row, env []string, profile bool) (*workerSet, error) {
 	ws := &workerSet{}
-	mode := row.Mode
 	for i := range row.Procs {
 		wname := fmt.Sprintf("%s-%d", name, i)
-		p := &workerProc{stats: filepath.Join(dir, wname+".stats.json"), done: make(chan error, 1)}
-		args := []string{"bench-worker", "--mode", mode, "--name", wname, "--stats-file", p.stats}
+		args := []string{"--mode", row.Mode}
 		if profile {
 			args = append(args, "--cpuprofile", filepath.Join(dir, wname+".pprof"))
 		}
-		p.cmd = exec.Command(bin, args...)
-		p.cmd.Env = append(os.Environ(), env...)
-		logf, err := os.Create(filepath.Join(dir, wname+".log"))
+		p, err := fleet.Start(fleet.Spec{Bin: bin, Command: "bench-worker", Name: wname, Dir: dir, Env: env, Args: args, Handshake: true})
 		if err != nil {
-			return ws, err
-		}
-		p.cmd.Stderr = logf
-		out, err := p.cmd.StdoutPipe()
-		if err != nil {
-			return ws, err
-		}
-		if p.stdin, err = p.cmd.StdinPipe(); err != nil {
-			return ws, err
-		}
-		if err := p.cmd.Start(); err != nil {
-			return ws, err
+			return ws, fmt.Errorf("worker %s: %w", wname, err)
 		}
 		ws.procs = append(ws.procs, p)
-		line, err := bufio.NewReader(out).ReadString('\n')
-		if err != nil || strings.TrimSpace(line) != "ready" {
-			return ws, fmt.Errorf("worker %s did not get ready (see %s.log): %q %v", wname, filepath.Join(dir, wname), line, err)
-		}
-		go func() { p.done <- p.cmd.Wait(); logf.Close() }()
 	}
 	return ws, nil
 }
@@ -545,14 +516,14 @@ func startWorkers(bin, dir, name string, row Row, env []string, profile bool) (*
 func (ws *workerSet) pids() []int {
 	out := make([]int, len(ws.procs))
 	for i, p := range ws.procs {
-		out[i] = p.cmd.Process.Pid
+		out[i] = p.PID()
 	}
 	return out
 }
 
 func (ws *workerSet) start() error {
 	for _, p := range ws.procs {
-		if _, err := io.WriteString(p.stdin, "go\n"); err != nil {
+		if err := p.Release(); err != nil {
 			return err
 		}
 	}
@@ -562,7 +533,7 @@ func (ws *workerSet) start() error {
 func (ws *workerSet) snapshot() ([]WorkerStats, error) {
 	out := make([]WorkerStats, len(ws.procs))
 	for i, p := range ws.procs {
-		b, err := os.ReadFile(p.stats)
+		b, err := os.ReadFile(p.StatsPath)
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
 				continue
@@ -593,8 +564,8 @@ func (ws *workerSet) waitSettled(ctx context.Context, n int64, timeout time.Dura
 		}
 		for _, p := range ws.procs {
 			select {
-			case err := <-p.done:
-				return fmt.Errorf("worker exited early: %v", err)
+			case <-p.Done():
+				return fmt.Errorf("worker %s exited early: %v", p.Name, p.Err())
 			default:
 			}
 		}
@@ -609,23 +580,23 @@ func (ws *workerSet) waitSettled(ctx context.Context, n int64, timeout time.Dura
 	}
 }
 
-// stop ends the workers with SIGTERM and returns their final stats.
+// stop ends the workers with SIGTERM, all at once, and returns their final
+// stats.
 func (ws *workerSet) stop() ([]WorkerStats, error) {
-	for _, p := range ws.procs {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	errs := make([]error, len(ws.procs))
+	var wg sync.WaitGroup
+	for i, p := range ws.procs {
+		wg.Go(func() { errs[i] = p.Stop(time.Minute) })
 	}
-	for _, p := range ws.procs {
-		select {
-		case <-p.done:
-		case <-time.After(time.Minute):
-			return nil, errors.New("a worker did not stop within a minute of SIGTERM")
-		}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	return ws.snapshot()
 }
 
 func (ws *workerSet) kill() {
 	for _, p := range ws.procs {
-		_ = p.cmd.Process.Kill()
+		p.Kill()
 	}
 }

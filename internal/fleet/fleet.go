@@ -4,9 +4,11 @@
 package fleet
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +25,7 @@ type Proc struct {
 	LogPath   string
 	StatsPath string
 	cmd       *exec.Cmd
+	stdin     io.WriteCloser // with Spec.Handshake
 	done      chan struct{}
 	err       error
 }
@@ -37,6 +40,10 @@ type Spec struct {
 	Dir     string   // where logs and stats go
 	Env     []string // appended to this process's environment
 	Args    []string // extra arguments after "consume"
+	// Handshake: the process prints "ready" on stdout once set up and
+	// waits for a line on stdin before it starts (idem-lab bench's
+	// workers); Start returns once it is ready, and Release lets it go.
+	Handshake bool
 }
 
 // Start launches `idem consume` as described by s.
@@ -57,12 +64,36 @@ func Start(s Spec) (*Proc, error) {
 	args := append([]string{s.Command, "--name", s.Name, "--stats-file", p.StatsPath}, s.Args...)
 	p.cmd = exec.Command(s.Bin, args...)
 	p.cmd.Env = append(os.Environ(), s.Env...)
-	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	p.cmd.Stderr = logf
+	var ready *bufio.Reader
+	if !s.Handshake {
+		p.cmd.Stdout = logf
+	} else {
+		out, err := p.cmd.StdoutPipe()
+		if err != nil {
+			logf.Close()
+			return nil, err
+		}
+		ready = bufio.NewReader(out)
+		if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+			logf.Close()
+			return nil, err
+		}
+	}
 	// A consumer must not outlive the test or demo that started it.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		logf.Close()
 		return nil, fmt.Errorf("start %s: %w", s.Name, err)
+	}
+	if ready != nil {
+		// Read before Wait runs: Wait closes the pipe.
+		if line, err := ready.ReadString('\n'); err != nil || strings.TrimSpace(line) != "ready" {
+			_ = p.cmd.Process.Kill()
+			_ = p.cmd.Wait()
+			logf.Close()
+			return nil, fmt.Errorf("%s did not get ready (see %s): %q %v", s.Name, p.LogPath, line, err)
+		}
 	}
 	go func() {
 		p.err = p.cmd.Wait()
@@ -71,6 +102,15 @@ func Start(s Spec) (*Proc, error) {
 	}()
 	return p, nil
 }
+
+// Release lets a process started with Spec.Handshake begin.
+func (p *Proc) Release() error {
+	_, err := io.WriteString(p.stdin, "go\n")
+	return err
+}
+
+// PID is the process's ID.
+func (p *Proc) PID() int { return p.cmd.Process.Pid }
 
 // Done is closed when the process has exited.
 func (p *Proc) Done() <-chan struct{} { return p.done }
