@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Makes sure the local PostgreSQL, Redis and RabbitMQ that the tests and the
 # demo use are installed and running, starting (or, on a bare Debian machine,
-# installing) each one that is not. Idempotent; used by .ci/run and `make`.
+# installing) each one that is not. On a machine without apt but with Docker
+# (a developer laptop), it starts them with docker compose instead.
+# Idempotent; used by .ci/run and `make`.
 set -euo pipefail
 
 log() { echo "services: $*" >&2; }
@@ -66,6 +68,34 @@ rabbitmq() {
 alert_tools() {
 	need_pkg promtool --no-install-recommends prometheus
 }
+
+port_open() { # port_open PORT
+	(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# compose starts the three services in containers, on the ports the tests
+# use, when they are not listening already. The Redis and Postgres tests
+# that start servers of their own need redis-server and PostgreSQL's
+# binaries on the machine too; without them they skip.
+compose() {
+	local root
+	root=$(cd "$(dirname "$0")/.." && pwd)
+	if port_open 5432 && port_open 6379 && port_open 5672; then
+		return 0
+	fi
+	log "no apt-get: starting PostgreSQL, Redis and RabbitMQ with docker compose"
+	docker compose -f "$root/docker-compose.yml" -f "$root/.ci/compose.services.yml" up -d --wait postgres redis rabbitmq
+	wait_for PostgreSQL 60 port_open 5432
+	wait_for Redis 30 port_open 6379
+	wait_for RabbitMQ 120 port_open 5672
+	command -v promtool >/dev/null 2>&1 || log "promtool is missing: the alert rules' test fails under CI=true and skips otherwise (install Prometheus's promtool)"
+}
+
+if ! command -v apt-get >/dev/null 2>&1 && command -v docker >/dev/null 2>&1; then
+	compose
+	log "PostgreSQL, Redis and RabbitMQ are up (docker compose)"
+	exit 0
+fi
 
 postgres
 redis
