@@ -6,12 +6,17 @@ import (
 	"runtime/debug"
 )
 
-// Version describes the running binary from its build info: the module
-// version (or "(devel)"), the VCS revision and whether the tree was modified.
+// Release is the version of this tree, as CHANGELOG.md's latest release
+// heading names it.
+const Release = "0.1.0"
+
+// Version describes the running binary: the release, and from its build
+// info the module version (or "(devel)"), the VCS revision and whether the
+// tree was modified.
 func Version() string {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
-		return "idem (no build info)"
+		return "idem " + Release + " (no build info)"
 	}
 	rev, modified, when := "unknown", "", ""
 	for _, s := range bi.Settings {
@@ -26,7 +31,7 @@ func Version() string {
 			when = " " + s.Value
 		}
 	}
-	return fmt.Sprintf("idem %s %s %s%s%s %s", bi.Main.Path, bi.Main.Version, rev, modified, when, bi.GoVersion)
+	return fmt.Sprintf("idem %s (%s %s %s%s%s %s)", Release, bi.Main.Path, bi.Main.Version, rev, modified, when, bi.GoVersion)
 }
 
 func runVersion(_ context.Context, e *Env, args []string) error {

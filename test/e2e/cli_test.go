@@ -154,6 +154,9 @@ func TestTheRepositoryStandsOnItsOwn(t *testing.T) {
 
 	out, err := exec.Command(idemBin, "version").CombinedOutput()
 	require.NoError(t, err, string(out))
+	release := regexp.MustCompile(`(?m)^## (\d+\.\d+\.\d+)`).FindStringSubmatch(string(changelog))
+	require.NotNil(t, release, "CHANGELOG.md names no release")
+	require.Contains(t, string(out), "idem "+release[1]+" ", "the version is the changelog's latest release")
 	if _, err := os.Stat("../../.git"); err == nil {
 		require.Regexp(t, regexp.MustCompile(`\b[0-9a-f]{40}\b`), string(out), "a build from a checkout names its revision")
 	}
