@@ -12,15 +12,20 @@ import (
 )
 
 // BatchHandler is a Handler that applies many events in one statement or a
-// few. The consumer uses ApplyBatch when the handler has it, and calls Apply
-// once per event inside the batch's transaction when it does not.
+// few. The consumer uses ApplyBatch for the new events of a batch when the
+// handler has it, and calls Apply once per event inside the batch's
+// transaction when it does not.
+//
+// A batch whose transaction fails is split and its halves retried, until
+// the event that fails stands alone; a batch with one new event is applied
+// with Apply.
 type BatchHandler[T any] interface {
 	Handler[T]
 	// ApplyBatch performs the effects of vs through tx, which also holds
 	// their dedup rows. vs holds distinct, new events. Take row locks in a
 	// fixed order (sorted keys), so that two batches cannot deadlock. An
 	// error fails the whole batch: the consumer splits it and retries the
-	// halves, so that only the event that fails takes Apply's retry and
+	// halves, so that only the event that fails takes the retry and
 	// dead-letter path.
 	ApplyBatch(ctx context.Context, tx pgx.Tx, vs []T) error
 }
@@ -42,16 +47,15 @@ func (h *hold) over(d time.Duration) bool {
 	return !now.Before(h.until)
 }
 
-// handleBatch takes items to durable outcomes through one transaction and
-// acks them. A failure that is not the store's being away splits the batch,
-// until the event that fails stands alone and takes handleOne's path. While
-// the store is away, items are held until h is over.
-func (w *worker[T]) handleBatch(ctx context.Context, items []item[T], h *hold) {
-	switch len(items) {
-	case 0:
-		return
-	case 1:
-		w.handleOne(ctx, items[0], h)
+// handle takes items to durable outcomes through one transaction and acks
+// them: a single event is a batch of one. While the store is away, the items
+// are held in place until h is over. Any other failure of several items
+// splits them, until the event that fails stands alone; a lone event is
+// dead-lettered at once if it can never succeed, retried with backoff up to
+// Config.DeliveryLimit attempts otherwise (in place with KeyOrder, through
+// the queue without).
+func (w *worker[T]) handle(ctx context.Context, items []item[T], h *hold) {
+	if len(items) == 0 {
 		return
 	}
 	cfg := &w.c.cfg
@@ -59,6 +63,7 @@ func (w *worker[T]) handleBatch(ctx context.Context, items []item[T], h *hold) {
 	for i, it := range items {
 		events[i] = it.ev
 	}
+	attempt := deliveryCount(items[0].d) + 1 // a lone event's
 	for wait := 1; ; wait++ {
 		actx, cancel := context.WithTimeout(ctx, cfg.HandlerTimeout)
 		res, err := w.c.guard.ProcessBatch(actx, events, w.applyBatch(items))
@@ -69,45 +74,93 @@ func (w *worker[T]) handleBatch(ctx context.Context, items []item[T], h *hold) {
 			return
 		}
 		if ctx.Err() != nil {
-			for _, it := range items {
-				w.requeue(ctx, it, wire.RequeueShutdown, err)
-			}
+			// Drain timeout: the tx was rolled back; the broker redelivers.
+			w.requeueAll(ctx, items, wire.RequeueShutdown, err)
 			return
 		}
 		verdict, reason := classify(err, timedOut)
 		if verdict == holdInPlace {
-			if h.over(cfg.StoreHold) {
-				cfg.Logger.Warn("store unavailable for store_hold, handing the deliveries back", "deliveries", len(items), "err", err, "store_hold", cfg.StoreHold)
-				for _, it := range items {
-					w.requeue(ctx, it, reason, err)
-				}
-				return
-			}
-			cfg.Observer.Count(wire.CounterStoreRetry, 1)
-			delay := cfg.RetryBackoff.Delay(wait)
-			cfg.Logger.Warn("store unavailable, retrying in place", "deliveries", len(items), "err", err, "delay", delay)
-			if !sleep(w.stop, delay) {
-				for _, it := range items {
-					w.requeue(ctx, it, wire.RequeueShutdown, err)
-				}
+			if !w.holdInPlace(ctx, items, h, wait, reason, err) {
 				return
 			}
 			continue
 		}
-		// Nothing committed. The failure may be one event's: split.
-		cfg.Observer.Count(wire.CounterBatchSplit, 1)
-		cfg.Logger.Debug("batch failed, splitting it", "deliveries", len(items), "reason", reason, "err", err)
-		mid := len(items) / 2
-		w.handleBatch(ctx, items[:mid], h)
-		w.handleBatch(ctx, items[mid:], h)
-		return
+		if len(items) > 1 {
+			// Nothing committed. The failure may be one event's: split.
+			cfg.Observer.Count(wire.CounterBatchSplit, 1)
+			cfg.Logger.Debug("batch failed, splitting it", "deliveries", len(items), "reason", reason, "err", err)
+			mid := len(items) / 2
+			w.handle(ctx, items[:mid], h)
+			w.handle(ctx, items[mid:], h)
+			return
+		}
+		it := items[0]
+		switch {
+		case verdict == deadLetterNow:
+			w.deadLetter(ctx, it, reason, err)
+			return
+		case attempt >= cfg.DeliveryLimit:
+			cfg.Logger.Error("attempts exhausted, dead-lettering", "event_id", it.ev.ID, "reason", reason, "attempt", attempt, "err", err, "delivery_limit", cfg.DeliveryLimit)
+			w.deadLetter(ctx, it, reason, err)
+			return
+		}
+		delay := cfg.RetryBackoff.Delay(attempt)
+		cfg.Logger.Debug("attempt failed, will retry", "event_id", it.ev.ID, "reason", reason, "attempt", attempt, "delay", delay)
+		if !sleep(w.stop, delay) {
+			w.requeue(ctx, it, wire.RequeueShutdown, err)
+			return
+		}
+		if !cfg.KeyOrder {
+			w.requeue(ctx, it, reason, err)
+			return
+		}
+		// Retry in place, holding the key: handed back to the queue, the
+		// event would come after the ones behind it.
+		attempt++
 	}
 }
 
-// applyBatch adapts the handler to the guard: it applies the claimed items.
+// holdInPlace waits before the wait-th retry of items while the store is
+// unreachable, which is not the events' fault: the deliveries are held
+// without spending their budget, and nothing is acked meanwhile. Once h is
+// over, or on shutdown, it hands them back and returns false.
+func (w *worker[T]) holdInPlace(ctx context.Context, items []item[T], h *hold, wait int, reason string, err error) bool {
+	cfg := &w.c.cfg
+	what := []any{"deliveries", len(items)}
+	if len(items) == 1 {
+		what = []any{"event_id", items[0].ev.ID}
+	}
+	if h.over(cfg.StoreHold) {
+		msg := "store unavailable for store_hold, handing the deliveries back"
+		if len(items) == 1 {
+			msg = "store unavailable for store_hold, handing the delivery back"
+		}
+		cfg.Logger.Warn(msg, append(what, "reason", reason, "err", err, "store_hold", cfg.StoreHold)...)
+		w.requeueAll(ctx, items, reason, err)
+		return false
+	}
+	cfg.Observer.Count(wire.CounterStoreRetry, 1)
+	delay := cfg.RetryBackoff.Delay(wait)
+	cfg.Logger.Warn("store unavailable, retrying in place", append(what, "reason", reason, "err", err, "delay", delay)...)
+	if !sleep(w.stop, delay) {
+		w.requeueAll(ctx, items, wire.RequeueShutdown, err)
+		return false
+	}
+	return true
+}
+
+// requeueAll hands every item back to the queue.
+func (w *worker[T]) requeueAll(ctx context.Context, items []item[T], reason string, err error) {
+	for _, it := range items {
+		w.requeue(ctx, it, reason, err)
+	}
+}
+
+// applyBatch adapts the handler to the guard: it applies the claimed items,
+// with ApplyBatch when the handler has it and more than one is new.
 func (w *worker[T]) applyBatch(items []item[T]) guard.BatchApplyFunc {
 	return func(ctx context.Context, tx pgx.Tx, claimed []int) error {
-		if bh, ok := w.c.handler.(BatchHandler[T]); ok {
+		if bh, ok := w.c.handler.(BatchHandler[T]); ok && len(claimed) > 1 {
 			vs := make([]T, len(claimed))
 			for k, i := range claimed {
 				vs[k] = items[i].v

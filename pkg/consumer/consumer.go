@@ -20,18 +20,13 @@ import (
 // Consumer runs a Handler behind a Guard on one queue. Start any number of
 // them, in any number of processes, on the same queue.
 type Consumer[T any] struct {
-	cfg      Config
-	guard    *guard.Guard
-	handler  Handler[T]
-	topology broker.Topology
+	shared[T]
 	urls     []string    // the broker nodes, tried in turn
 	node     int         // the index in urls the next session tries first
 	queues   []string    // the queues this consumer takes
 	consumed atomic.Bool // a session reached Consume: start-up is over
 	// live is the acker of the session consuming now; nil between sessions.
 	live atomic.Pointer[acker]
-	// blocked is whether the broker blocks the publishing connection.
-	blocked blockState
 	// strays are the stream's queues outside its layout; stranded what
 	// the last check found in them.
 	strays   []string
@@ -50,7 +45,7 @@ func New[T any](cfg Config, g *guard.Guard, h Handler[T]) (*Consumer[T], error) 
 	cfg.Logger = cfg.Logger.With("scope", g.Scope())
 	t := broker.TopologyFor(cfg.Queue, cfg.BrokerDeliveryLimit)
 	t.Partitions = cfg.Partitions
-	c := &Consumer[T]{cfg: cfg, guard: g, handler: h, topology: t, urls: broker.SplitURLs(cfg.URL)}
+	c := &Consumer[T]{shared: shared[T]{cfg: cfg, guard: g, handler: h, topology: t}, urls: broker.SplitURLs(cfg.URL)}
 	c.queues = t.Queues()
 	c.strays = t.Strays(cfg.FormerPartitions)
 	if len(cfg.Only) > 0 {
@@ -134,65 +129,20 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	c.node = node + 1
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 
-	// Dead letters go out on a connection of their own, to the same node:
-	// during a memory or disk alarm the broker stops reading a connection
-	// that publishes, and acks sent on it would stop with the publish.
-	pubConn, _, err := broker.Dial(c.urls[node:node+1], 0, amqp.Config{
-		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName + broker.PublishingConnectionSuffix},
-		Heartbeat:  10 * time.Second,
-	})
-	if err != nil {
-		return fmt.Errorf("dial publishing connection: %w", err)
-	}
-	defer pubConn.Close()
-	pubConnClosed := pubConn.NotifyClose(make(chan *amqp.Error, 1))
 	c.blocked.set(amqp.Blocking{}) // a new connection starts unblocked
 	defer c.blocked.set(amqp.Blocking{})
-	go c.watchBlocked(pubConn.NotifyBlocked(make(chan amqp.Blocking, 4))) // ends when pubConn closes
-	pub, err := pubConn.Channel()
+	pub, err := c.openPublisher(node)
 	if err != nil {
-		return fmt.Errorf("open publish channel: %w", err)
+		return err
 	}
-	pubClosed := pub.NotifyClose(make(chan *amqp.Error, 1))
-	// Buffered beyond the one publish in flight, so a late return of a
-	// timed-out publish never blocks the library's reader.
-	returns := pub.NotifyReturn(make(chan amqp.Return, 16))
-	if err := pub.Confirm(false); err != nil {
-		return fmt.Errorf("enable publisher confirms: %w", err)
-	}
-	if err := c.topology.Declare(pub); err != nil {
+	defer pub.conn.Close()
+	if err := c.topology.Declare(pub.ch); err != nil {
 		return &declareError{err}
 	}
-
-	ch, err := conn.Channel()
+	sub, err := c.subscribe(conn)
 	if err != nil {
-		return fmt.Errorf("open consume channel: %w", err)
+		return err
 	}
-	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	// Quorum queues take no channel-wide (global) prefetch: each queue's
-	// consumer gets its share, so the channel holds at most Prefetch.
-	if err := ch.Qos(max(1, c.cfg.Prefetch/len(c.queues)), 0, false); err != nil {
-		return fmt.Errorf("set prefetch: %w", err)
-	}
-	// One consumer per queue on the one channel: delivery tags are the
-	// channel's, so the acker covers them all.
-	queueOf := map[string]string{} // consumer tag → queue
-	var sources []<-chan amqp.Delivery
-	for _, q := range c.queues {
-		tag := fmt.Sprintf("%s-%d-%s", c.cfg.ConnectionName, time.Now().UnixNano(), q)
-		ds, err := ch.Consume(q, tag, false, false, false, false, nil)
-		if err != nil {
-			return fmt.Errorf("consume %q: %w", q, err)
-		}
-		queueOf[tag] = q
-		sources = append(sources, ds)
-	}
-	deliveries := merge(sources)
-	// A consumer the broker cancels (its queue deleted, a leader moving
-	// away) would leave its queue unconsumed while the session goes on
-	// with the others: end the session instead, and the next one consumes
-	// every queue again.
-	cancelled := ch.NotifyCancel(make(chan string, len(c.queues)))
 	watchCtx, stopWatching := context.WithCancel(ctx)
 	watched := make(chan struct{})
 	go func() { defer close(watched); c.watchStrays(watchCtx, conn) }()
@@ -208,73 +158,19 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	// stop ends backoff waits as soon as shutdown begins or the session fails.
 	stop, stopWaits := context.WithCancel(ctx)
 	defer stopWaits()
-	w := &worker[T]{c: c, dl: &deadLetterer{pub: pub, returns: returns}, acker: newAcker(ch), stop: stop, queueOf: queueOf,
+	w := &worker[T]{c: &c.shared, dl: &deadLetterer{pub: pub.ch, returns: pub.returns}, acker: newAcker(sub.ch), stop: stop, queueOf: sub.queueOf,
 		letters: make(chan letter[T], c.cfg.Prefetch)}
-	// Dead letters are published by a goroutine of their own, so that one
-	// waiting for its confirm (or for a blocked connection to clear) never
-	// holds up the pipeline. It ends after the workers, once it has sent
-	// or handed back every letter they gave it.
-	lettersSent := make(chan struct{})
-	go func() { defer close(lettersSent); w.sendLetters(workCtx) }()
 	c.live.Store(w.acker)
 	defer c.live.Store(nil)
-	// The pipeline: gather → screen (one goroutine: decode, Redis, ack
-	// the duplicates it settles) → decide (Workers goroutines: the
-	// Postgres transactions).
-	batches := make(chan []amqp.Delivery)
-	toDecide := make(chan screened[T])
-	// Buffered for every batch that can be in flight, so that no stage
-	// blocks telling the gatherer a batch finished, even after it returned.
-	finished := make(chan struct{}, c.cfg.Workers+3)
-	var wg sync.WaitGroup
-	wg.Go(func() { w.gather(deliveries, batches, finished) })
-	wg.Go(func() { w.screenStage(workCtx, batches, toDecide, finished) })
-	for range c.cfg.Workers {
-		wg.Go(func() {
-			for s := range toDecide {
-				w.decide(workCtx, s)
-				if s.gathered {
-					finished <- struct{}{}
-				}
-			}
-		})
-	}
-	workersDone := make(chan struct{})
-	go func() { wg.Wait(); close(w.letters); <-lettersSent; close(workersDone) }()
+	workersDone := w.start(workCtx, sub.deliveries)
 
-	var cause error
-	select {
-	case <-ctx.Done():
-		// Stop taking deliveries; the library then closes deliveries.
-		for tag := range queueOf {
-			if err := ch.Cancel(tag, false); err != nil {
-				c.cfg.Logger.Warn("cancel consumer", "err", err)
-			}
-		}
-	case e := <-connClosed:
-		cause = fmt.Errorf("connection closed: %w", amqpErr(e))
-	case e := <-chClosed:
-		cause = fmt.Errorf("consume channel closed: %w", amqpErr(e))
-	case e := <-pubClosed:
-		cause = fmt.Errorf("publish channel closed: %w", amqpErr(e))
-	case e := <-pubConnClosed:
-		cause = fmt.Errorf("publishing connection closed: %w", amqpErr(e))
-	case tag, ok := <-cancelled:
-		if !ok {
-			cause = errors.New("consume channel closed")
-			break
-		}
-		cause = fmt.Errorf("%w: queue %q", ErrConsumerCancelled, queueOf[tag])
-	case <-workersDone:
-		cause = errors.New("delivery channel closed")
-	}
+	cause := c.awaitEnd(ctx, connClosed, pub, sub, workersDone)
 	if cause != nil {
 		stopWaits()
 		// Close the consume channel so deliveries closes and the workers
 		// return; their unacked deliveries go back to the queue.
-		_ = ch.Close()
+		_ = sub.ch.Close()
 	}
-
 	drain := time.NewTimer(c.cfg.DrainTimeout)
 	defer drain.Stop()
 	select {
@@ -284,17 +180,159 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		cancelWork()
 		<-workersDone
 	}
-	if cause == nil {
-		w.acker.flush()
-		_ = ch.Close()
-		_ = pub.Close()
-		_ = pubConn.Close()
-		if err := conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
-			return fmt.Errorf("close: %w", err)
-		}
-		c.cfg.Logger.Info("drained and closed", "queues", c.queues)
+	if cause != nil {
+		return cause
 	}
-	return cause
+	w.acker.flush()
+	_ = sub.ch.Close()
+	_ = pub.ch.Close()
+	_ = pub.conn.Close()
+	if err := conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
+		return fmt.Errorf("close: %w", err)
+	}
+	c.cfg.Logger.Info("drained and closed", "queues", c.queues)
+	return nil
+}
+
+// publisher is a session's publishing side: a connection of its own, to
+// the node of the consuming connection, with a confirming channel. During a
+// memory or disk alarm the broker stops reading a connection that
+// publishes, and acks sent on it would stop with the publish.
+type publisher struct {
+	conn                 *amqp.Connection
+	ch                   *amqp.Channel
+	connClosed, chClosed chan *amqp.Error
+	returns              chan amqp.Return
+}
+
+func (c *Consumer[T]) openPublisher(node int) (*publisher, error) {
+	conn, _, err := broker.Dial(c.urls[node:node+1], 0, amqp.Config{
+		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName + broker.PublishingConnectionSuffix},
+		Heartbeat:  10 * time.Second,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dial publishing connection: %w", err)
+	}
+	p := &publisher{conn: conn, connClosed: conn.NotifyClose(make(chan *amqp.Error, 1))}
+	go c.watchBlocked(conn.NotifyBlocked(make(chan amqp.Blocking, 4))) // ends when conn closes
+	if p.ch, err = conn.Channel(); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("open publish channel: %w", err)
+	}
+	p.chClosed = p.ch.NotifyClose(make(chan *amqp.Error, 1))
+	// Buffered beyond the one publish in flight, so a late return of a
+	// timed-out publish never blocks the library's reader.
+	p.returns = p.ch.NotifyReturn(make(chan amqp.Return, 16))
+	if err := p.ch.Confirm(false); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("enable publisher confirms: %w", err)
+	}
+	return p, nil
+}
+
+// subscription is a session's consume channel, with one consumer per queue
+// on it: delivery tags are the channel's, so one acker covers them all.
+type subscription struct {
+	ch         *amqp.Channel
+	closed     chan *amqp.Error
+	queueOf    map[string]string // consumer tag → queue
+	deliveries <-chan amqp.Delivery
+	// cancelled names a consumer the broker cancelled (its queue deleted,
+	// a leader moving away): it would leave its queue unconsumed while the
+	// session goes on with the others, so the session ends instead, and
+	// the next one consumes every queue again.
+	cancelled chan string
+}
+
+func (c *Consumer[T]) subscribe(conn *amqp.Connection) (*subscription, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("open consume channel: %w", err)
+	}
+	s := &subscription{ch: ch, closed: ch.NotifyClose(make(chan *amqp.Error, 1)), queueOf: map[string]string{}}
+	// Quorum queues take no channel-wide (global) prefetch: each queue's
+	// consumer gets its share, so the channel holds at most Prefetch.
+	if err := ch.Qos(max(1, c.cfg.Prefetch/len(c.queues)), 0, false); err != nil {
+		return nil, fmt.Errorf("set prefetch: %w", err)
+	}
+	var sources []<-chan amqp.Delivery
+	for _, q := range c.queues {
+		tag := fmt.Sprintf("%s-%d-%s", c.cfg.ConnectionName, time.Now().UnixNano(), q)
+		ds, err := ch.Consume(q, tag, false, false, false, false, nil)
+		if err != nil {
+			return nil, fmt.Errorf("consume %q: %w", q, err)
+		}
+		s.queueOf[tag] = q
+		sources = append(sources, ds)
+	}
+	s.deliveries = merge(sources)
+	s.cancelled = ch.NotifyCancel(make(chan string, len(c.queues)))
+	return s, nil
+}
+
+// start runs the pipeline on deliveries: gather → screen (one goroutine:
+// decode, Redis, ack the duplicates it settles) → decide (Workers
+// goroutines: the Postgres transactions), and the dead-letter sender. The
+// returned channel closes once every stage has returned and every letter
+// was sent or handed back.
+func (w *worker[T]) start(ctx context.Context, deliveries <-chan amqp.Delivery) <-chan struct{} {
+	// Dead letters are published by a goroutine of their own, so that one
+	// waiting for its confirm (or for a blocked connection to clear) never
+	// holds up the pipeline. It ends after the workers, once it has sent
+	// or handed back every letter they gave it.
+	lettersSent := make(chan struct{})
+	go func() { defer close(lettersSent); w.sendLetters(ctx) }()
+	batches := make(chan []amqp.Delivery)
+	toDecide := make(chan screened[T])
+	// Buffered for every batch that can be in flight, so that no stage
+	// blocks telling the gatherer a batch finished, even after it returned.
+	finished := make(chan struct{}, w.c.cfg.Workers+3)
+	var wg sync.WaitGroup
+	wg.Go(func() { w.gather(deliveries, batches, finished) })
+	wg.Go(func() { w.screenStage(ctx, batches, toDecide, finished) })
+	for range w.c.cfg.Workers {
+		wg.Go(func() {
+			for s := range toDecide {
+				w.decide(ctx, s)
+				if s.gathered {
+					finished <- struct{}{}
+				}
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(w.letters); <-lettersSent; close(done) }()
+	return done
+}
+
+// awaitEnd waits for shutdown (nil: it cancels the consumers, and the
+// library then closes the deliveries) or for what ends the session (its
+// cause).
+func (c *Consumer[T]) awaitEnd(ctx context.Context, connClosed chan *amqp.Error, pub *publisher, sub *subscription, workersDone <-chan struct{}) error {
+	select {
+	case <-ctx.Done():
+		for tag := range sub.queueOf {
+			if err := sub.ch.Cancel(tag, false); err != nil {
+				c.cfg.Logger.Warn("cancel consumer", "err", err)
+			}
+		}
+		return nil
+	case e := <-connClosed:
+		return fmt.Errorf("connection closed: %w", amqpErr(e))
+	case e := <-sub.closed:
+		return fmt.Errorf("consume channel closed: %w", amqpErr(e))
+	case e := <-pub.chClosed:
+		return fmt.Errorf("publish channel closed: %w", amqpErr(e))
+	case e := <-pub.connClosed:
+		return fmt.Errorf("publishing connection closed: %w", amqpErr(e))
+	case tag, ok := <-sub.cancelled:
+		if !ok {
+			return errors.New("consume channel closed")
+		}
+		return fmt.Errorf("%w: queue %q", ErrConsumerCancelled, sub.queueOf[tag])
+	case <-workersDone:
+		return errors.New("delivery channel closed")
+	}
 }
 
 // strayCheckEvery is how often a session looks for messages stranded in

@@ -15,7 +15,7 @@ import (
 // ClockSkew), so an event younger than Retention still has its row. The
 // store checks again when it claims the row, however long the delivery was
 // held in between.
-func (c *Consumer[T]) checkTime(t, now time.Time) (string, error) {
+func (c *shared[T]) checkTime(t, now time.Time) (string, error) {
 	cfg := &c.cfg
 	if t.IsZero() {
 		switch {

@@ -42,7 +42,7 @@ func TestCheckTimeEnforcesTheHorizon(t *testing.T) {
 			cfg.Observer = counted
 			cfg.setDefaults()
 			require.NoError(t, cfg.validate())
-			cons := &Consumer[int]{cfg: cfg}
+			cons := &shared[int]{cfg: cfg}
 			reason, err := cons.checkTime(c.t, now)
 			require.Equal(t, c.reason, reason)
 			require.Equal(t, c.reason != "", err != nil)

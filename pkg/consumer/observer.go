@@ -2,10 +2,8 @@ package consumer
 
 import (
 	"context"
-	"log/slog"
 	"time"
 
-	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
@@ -79,48 +77,3 @@ type nopObserver struct{}
 func (nopObserver) Settled(context.Context, Settlement) {}
 func (nopObserver) Count(string, int)                   {}
 func (nopObserver) Gathered(int)                        {}
-
-// settled reports how a delivery ended, to the Observer and the log. Every
-// line about one event carries event_id, scope (from the logger), outcome
-// and reason.
-func (w *worker[T]) settled(ctx context.Context, it item[T], o guard.Outcome, reason string, err error) {
-	c := w.c
-	s := Settlement{
-		Message:   messageOf(it.d),
-		EventID:   it.ev.ID,
-		Scope:     c.guard.Scope(),
-		Outcome:   o,
-		Reason:    reason,
-		Err:       err,
-		Attempt:   deliveryCount(it.d) + 1,
-		EventTime: it.ev.Time,
-		Received:  it.received,
-	}
-	c.cfg.Observer.Settled(ctx, s)
-	level := slog.LevelDebug
-	msg := "settled"
-	switch o {
-	case guard.OutcomeRetry:
-		level, msg = slog.LevelWarn, "requeued"
-		if reason == wire.RequeueShutdown {
-			// Expected on every drain that outlasts in-flight work.
-			level, err = slog.LevelInfo, nil
-		}
-	case guard.OutcomeDeadLettered:
-		level, msg = slog.LevelWarn, "dead-lettered"
-	case guard.OutcomePayloadConflict:
-		level, msg = slog.LevelError, "payload conflict: the event ID was processed before with another payload; dead-lettered"
-	}
-	log := c.cfg.Logger
-	if !log.Enabled(ctx, level) {
-		return
-	}
-	attrs := []slog.Attr{
-		slog.String("event_id", it.ev.ID), slog.String("outcome", o.String()), slog.String("reason", reason),
-		slog.Int("attempt", s.Attempt), slog.String("message_id", it.d.MessageId),
-	}
-	if err != nil {
-		attrs = append(attrs, slog.String("err", truncate(err.Error(), maxErrorHeader)))
-	}
-	log.LogAttrs(ctx, level, msg, attrs...)
-}

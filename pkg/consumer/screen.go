@@ -15,7 +15,7 @@ import (
 // screened is a batch after the fast tier.
 type screened[T any] struct {
 	items []item[T]
-	// batch is the guard's batch; nil in per-event mode, where handleOne
+	// batch is the guard's batch; nil in per-event mode, where handle
 	// runs both tiers.
 	batch *guard.Batch
 	// deferred marks items taken out of the batch, to be screened again.
@@ -175,7 +175,7 @@ func (w *worker[T]) screenShard(ctx context.Context, items []item[T]) (screened[
 	}
 	b, err := w.c.guard.Screen(ctx, events)
 	if err != nil {
-		// Not reached: prepare validated every event. handleBatch decides.
+		// Not reached: prepare validated every event. handle decides.
 		return screened[T]{items: items}, nil
 	}
 	s := screened[T]{items: items, batch: b, deferred: map[int]bool{}}
@@ -234,7 +234,7 @@ func (w *worker[T]) decide(ctx context.Context, s screened[T]) {
 		defer close(s.finished)
 	}
 	if s.batch == nil {
-		w.handleBatch(ctx, s.items, &hold{})
+		w.handle(ctx, s.items, &hold{})
 		return
 	}
 	actx, cancel := context.WithTimeout(ctx, w.c.cfg.HandlerTimeout)
@@ -258,5 +258,5 @@ func (w *worker[T]) decide(ctx context.Context, s screened[T]) {
 	// Nothing committed and the leases are released: take the batch
 	// through the full path, which retries, holds or splits as the error
 	// asks. The duplicates the fast tier found are found again.
-	w.handleBatch(ctx, items, &hold{})
+	w.handle(ctx, items, &hold{})
 }

@@ -6,11 +6,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemhq/idem/internal/broker"
@@ -22,9 +22,19 @@ import (
 // maxErrorHeader bounds the error text copied into a dead letter.
 const maxErrorHeader = 1024
 
+// shared is what a Consumer's workers share of it: its settings, guard,
+// handler and topology, and whether the broker blocks its publishing.
+type shared[T any] struct {
+	cfg      Config
+	guard    *guard.Guard
+	handler  Handler[T]
+	topology broker.Topology
+	blocked  blockState
+}
+
 // worker handles deliveries of one session.
 type worker[T any] struct {
-	c     *Consumer[T]
+	c     *shared[T]
 	dl    *deadLetterer
 	acker *acker
 	stop  context.Context // ends when shutdown begins or the session fails
@@ -93,74 +103,6 @@ func (w *worker[T]) prepare(ctx context.Context, d amqp.Delivery, received time.
 		return item[T]{}, false
 	}
 	return it, true
-}
-
-// handleOne takes one event to a durable outcome and acks it, or leaves it
-// to the broker (nack with requeue) when that cannot be reached now, or
-// once h is over while the store is away.
-func (w *worker[T]) handleOne(ctx context.Context, it item[T], h *hold) {
-	cfg := &w.c.cfg
-	ev := it.ev
-	attempt := deliveryCount(it.d) + 1
-	apply := func(ctx context.Context, tx pgx.Tx) error { return w.c.handler.Apply(ctx, tx, it.v) }
-
-	for wait := 1; ; wait++ {
-		actx, cancel := context.WithTimeout(ctx, cfg.HandlerTimeout)
-		outcome, err := w.c.guard.Process(actx, ev, apply)
-		timedOut := errors.Is(actx.Err(), context.DeadlineExceeded)
-		cancel()
-		if err == nil {
-			w.ack(ctx, []item[T]{it}, []guard.Outcome{outcome})
-			return
-		}
-		if ctx.Err() != nil {
-			// Drain timeout: the tx was rolled back; the broker redelivers.
-			w.requeue(ctx, it, wire.RequeueShutdown, err)
-			return
-		}
-		verdict, reason := classify(err, timedOut)
-		switch verdict {
-		case deadLetterNow:
-			w.deadLetter(ctx, it, reason, err)
-			return
-		case holdInPlace:
-			if h.over(cfg.StoreHold) {
-				cfg.Logger.Warn("store unavailable for store_hold, handing the delivery back", "event_id", ev.ID, "reason", reason, "err", err, "store_hold", cfg.StoreHold)
-				w.requeue(ctx, it, reason, err)
-				return
-			}
-			// Not the event's fault: hold the delivery and retry in place
-			// without spending its budget. Nothing is acked meanwhile.
-			cfg.Observer.Count(wire.CounterStoreRetry, 1)
-			delay := cfg.RetryBackoff.Delay(wait)
-			cfg.Logger.Warn("store unavailable, retrying in place", "event_id", ev.ID, "reason", reason, "attempt", attempt, "err", err, "delay", delay)
-			if !sleep(w.stop, delay) {
-				w.requeue(ctx, it, wire.RequeueShutdown, err)
-				return
-			}
-			continue
-		}
-		if attempt >= cfg.DeliveryLimit {
-			cfg.Logger.Error("attempts exhausted, dead-lettering", "event_id", ev.ID, "reason", reason, "attempt", attempt, "err", err, "delivery_limit", cfg.DeliveryLimit)
-			w.deadLetter(ctx, it, reason, err)
-			return
-		}
-		delay := cfg.RetryBackoff.Delay(attempt)
-		cfg.Logger.Debug("attempt failed, will retry", "event_id", ev.ID, "reason", reason, "attempt", attempt, "delay", delay)
-		if cfg.KeyOrder {
-			// Retry in place, holding the key: handed back to the queue,
-			// the event would come after the ones behind it.
-			if !sleep(w.stop, delay) {
-				w.requeue(ctx, it, wire.RequeueShutdown, err)
-				return
-			}
-			attempt++
-			continue
-		}
-		sleep(w.stop, delay)
-		w.requeue(ctx, it, reason, err)
-		return
-	}
 }
 
 // messageOf is what a Handler's Decode sees of d. Tools that read
@@ -258,11 +200,11 @@ func (w *worker[T]) sendLetter(ctx context.Context, l letter[T]) {
 		// The wait is bounded as a store outage's hold is: the delivery
 		// goes back to the queue after StoreHold, well inside the broker's
 		// consumer_timeout, and comes back to wait again.
-		hold := time.NewTimer(cfg.StoreHold)
-		defer hold.Stop()
+		giveUp := time.NewTimer(cfg.StoreHold)
+		defer giveUp.Stop()
 		select {
 		case <-cleared:
-		case <-hold.C:
+		case <-giveUp.C:
 			w.requeue(ctx, it, wire.RequeuePublishBlocked, fmt.Errorf("the broker blocked publishing for store_hold (%s): %s", cfg.StoreHold, why))
 			return
 		case <-w.stop.Done():
@@ -367,4 +309,49 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
+}
+
+// settled reports how a delivery ended, to the Observer and the log. Every
+// line about one event carries event_id, scope (from the logger), outcome
+// and reason.
+func (w *worker[T]) settled(ctx context.Context, it item[T], o guard.Outcome, reason string, err error) {
+	c := w.c
+	s := Settlement{
+		Message:   messageOf(it.d),
+		EventID:   it.ev.ID,
+		Scope:     c.guard.Scope(),
+		Outcome:   o,
+		Reason:    reason,
+		Err:       err,
+		Attempt:   deliveryCount(it.d) + 1,
+		EventTime: it.ev.Time,
+		Received:  it.received,
+	}
+	c.cfg.Observer.Settled(ctx, s)
+	level := slog.LevelDebug
+	msg := "settled"
+	switch o {
+	case guard.OutcomeRetry:
+		level, msg = slog.LevelWarn, "requeued"
+		if reason == wire.RequeueShutdown {
+			// Expected on every drain that outlasts in-flight work.
+			level, err = slog.LevelInfo, nil
+		}
+	case guard.OutcomeDeadLettered:
+		level, msg = slog.LevelWarn, "dead-lettered"
+	case guard.OutcomePayloadConflict:
+		level, msg = slog.LevelError, "payload conflict: the event ID was processed before with another payload; dead-lettered"
+	}
+	log := c.cfg.Logger
+	if !log.Enabled(ctx, level) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("event_id", it.ev.ID), slog.String("outcome", o.String()), slog.String("reason", reason),
+		slog.Int("attempt", s.Attempt), slog.String("message_id", it.d.MessageId),
+	}
+	if err != nil {
+		attrs = append(attrs, slog.String("err", truncate(err.Error(), maxErrorHeader)))
+	}
+	log.LogAttrs(ctx, level, msg, attrs...)
 }

@@ -79,13 +79,13 @@ func New(cfg Config) (*Guard, error) {
 		return nil, errors.New("guard: Shards holds a nil Store")
 	}
 	g := &Guard{scope: cfg.Scope, stores: stores, fast: cfg.Fast, obs: cfg.Observer, log: cfg.Logger}
-	g.markers = &markerWriter{g: g}
 	if g.obs == nil {
 		g.obs = nopObserver{}
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}
+	g.markers = &markerWriter{fast: g.fast, scope: g.scope, obs: g.obs, log: g.log}
 	return g, nil
 }
 

@@ -2,6 +2,7 @@ package guard
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -18,7 +19,10 @@ const maxPendingMarkers = 16384
 // pipeline, so a busy consumer writes few, large pipelines and an idle one
 // writes at once. No goroutine runs while nothing is queued.
 type markerWriter struct {
-	g *Guard
+	fast  FastPath
+	scope string
+	obs   Observer
+	log   *slog.Logger
 
 	mu      sync.Mutex
 	pending []Event
@@ -30,7 +34,7 @@ func (w *markerWriter) add(events []Event) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if len(w.pending)+len(events) > maxPendingMarkers {
-		w.g.log.Debug("done markers dropped: the fast tier is not keeping up", "events", len(events))
+		w.log.Debug("done markers dropped: the fast tier is not keeping up", "events", len(events))
 		return
 	}
 	w.pending = append(w.pending, events...)
@@ -55,10 +59,10 @@ func (w *markerWriter) run(idle chan struct{}) {
 		// The fast tier bounds the call with its own timeout.
 		ctx := context.Background()
 		began := time.Now()
-		err := w.g.fast.MarkDone(ctx, w.g.scope, batch)
-		w.g.obs.ObserveStage(ctx, StageMarkDone, len(batch), time.Since(began), err)
+		err := w.fast.MarkDone(ctx, w.scope, batch)
+		w.obs.ObserveStage(ctx, StageMarkDone, len(batch), time.Since(began), err)
 		if err != nil {
-			w.g.log.DebugContext(ctx, "mark done", "events", len(batch), "err", err)
+			w.log.DebugContext(ctx, "mark done", "events", len(batch), "err", err)
 		}
 		for range batch {
 			step.Reached(ctx, step.MarkedDone)

@@ -104,22 +104,6 @@ func newBreaker(c BreakerConfig, failing *streak) *gobreaker.CircuitBreaker[stru
 	})
 }
 
-// call runs fn through the breaker with the per-call deadline. An open
-// breaker returns at once with gobreaker.ErrOpenState.
-func (f *Filter) call(ctx context.Context, fn func(ctx context.Context) error) error {
-	_, err := f.breaker.Execute(func() (struct{}, error) {
-		cctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
-		defer cancel()
-		err := fn(cctx)
-		if err != nil && callerGone(ctx) {
-			return struct{}{}, fmt.Errorf("%w: %w", redisfault.ErrCallerGone, err)
-		}
-		f.failing.record(err)
-		return struct{}{}, err
-	})
-	return err
-}
-
 // callerGone reports whether ctx ended. A network deadline derived from ctx
 // can fire a moment before ctx.Err() turns non-nil, so the deadline is
 // compared with the clock as well.

@@ -15,6 +15,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/idemhq/idem/internal/fastkey"
+	"github.com/idemhq/idem/internal/redisfault"
 	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/guard"
 )
@@ -257,4 +258,20 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
 	return hex.EncodeToString(b)
+}
+
+// call runs fn through the breaker with the per-call deadline. An open
+// breaker returns at once with gobreaker.ErrOpenState.
+func (f *Filter) call(ctx context.Context, fn func(ctx context.Context) error) error {
+	_, err := f.breaker.Execute(func() (struct{}, error) {
+		cctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
+		defer cancel()
+		err := fn(cctx)
+		if err != nil && callerGone(ctx) {
+			return struct{}{}, fmt.Errorf("%w: %w", redisfault.ErrCallerGone, err)
+		}
+		f.failing.record(err)
+		return struct{}{}, err
+	})
+	return err
 }
