@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/cli"
 	"github.com/idemhq/idem/internal/crashpoint"
 )
 
@@ -91,7 +92,7 @@ func TestCommandLineContract(t *testing.T) {
 		{[]string{"migrate"}, nil, 0, "up to date"},
 		{[]string{"consume"}, []string{"IDEM_CONSUMER_BROKER_DELIVERY_LIMIT=7"}, 1, "PRECONDITION_FAILED"},
 		{[]string{"config"}, nil, 0, "IDEM_REDIS_DONE_TTL"},
-		{[]string{"version"}, nil, 0, "idem github.com/idemhq/idem "},
+		{[]string{"version"}, nil, 0, "idem " + cli.Release + " (github.com/idemhq/idem "},
 		{[]string{"--version"}, nil, 0, runtime.Version()},
 		{[]string{"bench", "--events", "10"}, nil, 1, "--events must be at least 100"},
 		{[]string{"bench", "--rows", "fastest"}, nil, 1, "--rows matched no row"},

@@ -142,7 +142,11 @@ func (e *env) idem(args ...string) (string, error) {
 // command prepares an idem subcommand with the test's environment plus
 // extraEnv; its stdout and stderr go to out.
 func (e *env) command(ctx context.Context, extraEnv []string, args ...string) (cmd *exec.Cmd, out *bytes.Buffer) {
-	cmd = exec.CommandContext(ctx, binFor(args[0], extraEnv), args...)
+	command := ""
+	if len(args) > 0 {
+		command = args[0]
+	}
+	cmd = exec.CommandContext(ctx, binFor(command, append(append([]string{}, e.vars...), extraEnv...)), args...)
 	cmd.Env = append(append(os.Environ(), e.vars...), extraEnv...)
 	out = &bytes.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
