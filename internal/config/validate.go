@@ -18,9 +18,21 @@ import (
 
 // Validate returns an error naming the first bad field by its yaml path.
 func (c Config) Validate() error {
-	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("config: %s: %s", field, fmt.Sprintf(format, args...))
+	for _, check := range []func() error{c.validateConnections, c.validateNames, c.validateRanges, c.validateAgreement} {
+		if err := check(); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// bad is a validation error naming field.
+func bad(field, format string, args ...any) error {
+	return fmt.Errorf("config: %s: %s", field, fmt.Sprintf(format, args...))
+}
+
+// validateConnections checks the URLs with their client libraries' parsers.
+func (c Config) validateConnections() error {
 	for field, v := range map[string]string{"amqp_url": c.AMQPURL, "database_url": c.DatabaseURL, "queue": c.Queue} {
 		if v == "" {
 			return bad(field, "must not be empty")
@@ -56,6 +68,12 @@ func (c Config) Validate() error {
 			return bad("postgres.shards", "shard %d repeats an earlier shard's URL", i)
 		}
 	}
+	return nil
+}
+
+// validateNames checks the settings that name something: the scope, the
+// log level and format, the untimed policy.
+func (c Config) validateNames() error {
 	if err := guard.ValidateScope(c.Scope); err != nil {
 		return bad("scope", "%v", err)
 	}
@@ -65,6 +83,18 @@ func (c Config) Validate() error {
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return bad("log_format", "%q is not a format; want text or json", c.LogFormat)
 	}
+	switch consumer.UntimedPolicy(c.Consumer.Untimed) {
+	case consumer.UntimedAuto, consumer.UntimedReject:
+	case "accept":
+		return bad("consumer.untimed", "accept was removed: it could apply an untimed event twice after a prune; auto accepts untimed events until the first prune and is safe")
+	default:
+		return bad("consumer.untimed", "%q is not a policy; want auto or reject", c.Consumer.Untimed)
+	}
+	return nil
+}
+
+// validateRanges checks each number and duration against its range.
+func (c Config) validateRanges() error {
 	if c.Postgres.PruneInterval != 0 && (c.Postgres.PruneInterval < time.Second || c.Postgres.PruneInterval > 24*time.Hour) {
 		return bad("postgres.prune_interval", "%s is out of range; want 0 (off) or 1s to 1d", c.Postgres.PruneInterval)
 	}
@@ -118,13 +148,12 @@ func (c Config) Validate() error {
 			return bad(r.field, "%s is out of range; want %s to %s", r.v, fmtDuration(r.lo), fmtDuration(r.hi))
 		}
 	}
-	switch consumer.UntimedPolicy(c.Consumer.Untimed) {
-	case consumer.UntimedAuto, consumer.UntimedReject:
-	case "accept":
-		return bad("consumer.untimed", "accept was removed: it could apply an untimed event twice after a prune; auto accepts untimed events until the first prune and is safe")
-	default:
-		return bad("consumer.untimed", "%q is not a policy; want auto or reject", c.Consumer.Untimed)
-	}
+	return nil
+}
+
+// validateAgreement checks the settings that must agree with each other,
+// across the tiers too.
+func (c Config) validateAgreement() error {
 	switch {
 	case c.Consumer.BrokerDeliveryLimit < c.Consumer.DeliveryLimit:
 		return bad("consumer.broker_delivery_limit", "%d is below consumer.delivery_limit (%d); the broker would dead-letter retries the consumer still wants",

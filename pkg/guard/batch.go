@@ -185,7 +185,7 @@ func (g *Guard) Decide(ctx context.Context, b *Batch, apply BatchApplyFunc) ([]R
 	if len(b.toStore) == 0 {
 		return b.res, nil
 	}
-	if err := g.processInStore(ctx, b.shard, b.events, b.toStore, b.first, b.res, apply); err != nil {
+	if err := g.processInStore(ctx, b.shard, b.events, b.toStore, b.res, apply); err != nil {
 		g.release(ctx, leaseList(b.leases))
 		return nil, err
 	}
@@ -221,18 +221,8 @@ func (g *Guard) Decide(ctx context.Context, b *Batch, apply BatchApplyFunc) ([]R
 // processInStore is steps 3 to 5 for the events at idx: claim their dedup
 // rows, apply the new ones, commit. It fills in their results. Only the first
 // copy of an ID goes to the store; later copies take their outcome from it.
-func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, idx, first []int, res []Result, apply BatchApplyFunc) error {
-	var reps, copies []int
-	rep := map[string]int{}
-	for _, i := range idx {
-		if _, ok := rep[events[i].ID]; ok {
-			copies = append(copies, i)
-			continue
-		}
-		rep[events[i].ID] = i
-		reps = append(reps, i)
-	}
-
+func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, idx []int, res []Result, apply BatchApplyFunc) error {
+	reps, copies, rep := firstCopies(events, idx)
 	store := g.stores[shard]
 	named := shard
 	if len(g.stores) == 1 {
@@ -256,13 +246,61 @@ func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, i
 	if err != nil {
 		return err
 	}
-	var claimed, unknown []int
+	var claimed []int
 	for _, i := range reps {
 		res[i] = claimResult(claims[i])
 		if claims[i] == tier.ClaimInserted {
 			claimed = append(claimed, i)
 		}
 	}
+	if unknown := copyResults(events, copies, rep, claims, res); len(unknown) > 0 {
+		more, err := g.claim(ctx, store, tx, events, unknown)
+		if err != nil {
+			return storeErr(StoreClaim, err)
+		}
+		for _, i := range unknown {
+			res[i] = claimResult(more[i])
+		}
+	}
+	if len(claimed) == 0 {
+		return nil // nothing to apply or commit; the deferred rollback ends tx
+	}
+	slices.Sort(claimed)
+	if err := g.applyAndCommit(ctx, tx, claimed, apply, named); err != nil {
+		return err
+	}
+	for _, i := range claimed {
+		res[i] = Result{Outcome: OutcomeProcessed}
+		step.Reached(ctx, step.Committed)
+	}
+	for _, i := range copies {
+		if res[i].Outcome == OutcomeDuplicateBatch {
+			step.Reached(ctx, step.Committed) // its first copy's row committed
+		}
+	}
+	return nil
+}
+
+// firstCopies splits the events at idx into the first copy of each ID
+// (reps, which go to the store) and the later copies, and maps each ID to
+// its first copy.
+func firstCopies(events []Event, idx []int) (reps, copies []int, rep map[string]int) {
+	rep = make(map[string]int, len(idx))
+	for _, i := range idx {
+		if _, ok := rep[events[i].ID]; ok {
+			copies = append(copies, i)
+			continue
+		}
+		rep[events[i].ID] = i
+		reps = append(reps, i)
+	}
+	return reps, copies, rep
+}
+
+// copyResults fills in the results of later copies from their first copy's
+// claim, and returns those it cannot tell: two payloads, neither the row's,
+// for which the store must be asked.
+func copyResults(events []Event, copies []int, rep map[string]int, claims map[int]tier.ClaimResult, res []Result) (unknown []int) {
 	for _, i := range copies {
 		r := rep[events[i].ID]
 		same := bytes.Equal(events[i].Hash, events[r].Hash)
@@ -279,28 +317,21 @@ func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, i
 			// hash, which the row does not hold.
 			res[i] = Result{Outcome: OutcomePayloadConflict, Err: ErrPayloadConflict}
 		default:
-			unknown = append(unknown, i) // two payloads, neither the row's: ask
+			unknown = append(unknown, i)
 		}
 	}
-	if len(unknown) > 0 {
-		more, err := g.claim(ctx, store, tx, events, unknown)
-		if err != nil {
-			return storeErr(StoreClaim, err)
-		}
-		for _, i := range unknown {
-			res[i] = claimResult(more[i])
-		}
-	}
-	if len(claimed) == 0 {
-		return nil // nothing to apply or commit; the deferred rollback ends tx
-	}
-	slices.Sort(claimed)
+	return unknown
+}
+
+// applyAndCommit applies the claimed events in tx, which holds their new
+// dedup rows, and commits: steps 4 and 5. shard names the store in a
+// failed commit's error (-1: the only one).
+func (g *Guard) applyAndCommit(ctx context.Context, tx pgx.Tx, claimed []int, apply BatchApplyFunc, shard int) error {
 	for range claimed {
 		step.Reached(ctx, step.StoreClaimed)
 	}
-
-	began = time.Now()
-	err = apply(ctx, tx, claimed)
+	began := time.Now()
+	err := apply(ctx, tx, claimed)
 	g.obs.ObserveStage(ctx, StageApply, len(claimed), time.Since(began), err)
 	if err != nil {
 		return fmt.Errorf("apply: %w", err)
@@ -308,21 +339,11 @@ func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, i
 	for range claimed {
 		step.Reached(ctx, step.Applied)
 	}
-
 	began = time.Now()
 	err = tx.Commit(ctx)
 	g.obs.ObserveStage(ctx, StageCommit, len(claimed), time.Since(began), err)
 	if err != nil {
-		return storeErr(StoreCommit, err)
-	}
-	for _, i := range claimed {
-		res[i] = Result{Outcome: OutcomeProcessed}
-		step.Reached(ctx, step.Committed)
-	}
-	for _, i := range copies {
-		if res[i].Outcome == OutcomeDuplicateBatch {
-			step.Reached(ctx, step.Committed) // its first copy's row committed
-		}
+		return &StoreError{Op: StoreCommit, Err: err, Shard: shard}
 	}
 	return nil
 }
