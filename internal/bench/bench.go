@@ -212,15 +212,7 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 		}
 	}
 
-	env := []string{
-		"AMQP_URL=" + b.o.AMQPURL, "DATABASE_URL=" + dbURL, "REDIS_URL=" + b.o.RedisURL,
-		"IDEM_QUEUE=" + queue, "IDEM_REDIS_PREFIX=" + name, "IDEM_LOG_LEVEL=warn",
-	}
-	if row.RedisDown {
-		env[2] = "REDIS_URL=redis://127.0.0.1:1/0" // nothing listens on port 1
-	}
-	env = append(env, row.Env...)
-	workers, err := startWorkers(b.o.Bin, b.o.Dir, name, row, env, b.o.Profile)
+	workers, err := startWorkers(b.o.Bin, b.o.Dir, name, row, b.workerEnv(row, dbURL, queue, name), b.o.Profile)
 	if err != nil {
 		return runResult{}, err
 	}
@@ -265,7 +257,38 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 		return runResult{}, err
 	}
 
-	r := runResult{RSS: rss}
+	r := sumRun(stats, start, messages, cpuDelta(before, after), row.Latency)
+	r.RSS = rss
+	if row.Mode == "idem" {
+		rep, err := verify.Check(ctx, pool, loadgen.NewManifest(spec, queue, stream))
+		if err != nil {
+			return r, err
+		}
+		r.Doubled, r.Missing = rep.Doubled, rep.Missing
+		if redisOn {
+			r.BytesPerKey = bytesPerKey(ctx, rdb, name)
+		}
+	}
+	return r, nil
+}
+
+// workerEnv is the environment of a row's workers.
+func (b *bencher) workerEnv(row Row, dbURL, queue, name string) []string {
+	redisURL := b.o.RedisURL
+	if row.RedisDown {
+		redisURL = "redis://127.0.0.1:1/0" // nothing listens on port 1
+	}
+	env := []string{
+		"AMQP_URL=" + b.o.AMQPURL, "DATABASE_URL=" + dbURL, "REDIS_URL=" + redisURL,
+		"IDEM_QUEUE=" + queue, "IDEM_REDIS_PREFIX=" + name, "IDEM_LOG_LEVEL=warn",
+	}
+	return append(env, row.Env...)
+}
+
+// sumRun sums the workers' final stats over a run of messages that
+// began at start and used cpu seconds per tier.
+func sumRun(stats []WorkerStats, start time.Time, messages int64, cpu map[Tier]float64, latency bool) runResult {
+	var r runResult
 	var last, pgTrips, redisTrips int64
 	var lat []int64
 	for _, s := range stats {
@@ -284,25 +307,14 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 	}
 	elapsed := time.Unix(0, last).Sub(start).Seconds()
 	r.Rate = float64(messages) / elapsed
-	d := cpuDelta(before, after)
 	per := 1e6 / float64(messages)
-	r.CPU = CPU{Consumer: d[TierConsumer] * per, Postgres: d[TierPostgres] * per, RabbitMQ: d[TierRabbitMQ] * per, Redis: d[TierRedis] * per}
+	r.CPU = CPU{Consumer: cpu[TierConsumer] * per, Postgres: cpu[TierPostgres] * per, RabbitMQ: cpu[TierRabbitMQ] * per, Redis: cpu[TierRedis] * per}
 	r.PGTrips = float64(pgTrips) / float64(messages)
 	r.RedisTrips = float64(redisTrips) / float64(messages)
-	if row.Latency {
+	if latency {
 		r.P50, r.P99 = percentile(lat, 0.50), percentile(lat, 0.99)
 	}
-	if row.Mode == "idem" {
-		rep, err := verify.Check(ctx, pool, loadgen.NewManifest(spec, queue, stream))
-		if err != nil {
-			return r, err
-		}
-		r.Doubled, r.Missing = rep.Doubled, rep.Missing
-		if redisOn {
-			r.BytesPerKey = bytesPerKey(ctx, rdb, name)
-		}
-	}
-	return r, nil
+	return r
 }
 
 // stream builds the row's stream: Events messages, of which the row's Dups
