@@ -9,6 +9,7 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -148,4 +149,19 @@ func members(s *ast.TypeSpec) []string {
 		}
 	}
 	return out
+}
+
+// TestTheLibraryStandsWithoutThePaymentsApp: nothing under pkg/, its tests
+// included, imports the reference payments handler; the library is proven
+// on effects of its own (and by examples/orders).
+func TestTheLibraryStandsWithoutThePaymentsApp(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-test", "-f", "{{.ImportPath}}", "github.com/idemhq/idem/pkg/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if p == "github.com/idemhq/idem/internal/payments" {
+			t.Fatal("a package under pkg/ (or its tests) imports internal/payments")
+		}
+	}
 }
