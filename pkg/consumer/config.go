@@ -62,17 +62,19 @@ type Config struct {
 	// Queue is the queue to consume (with Partitions, the name its
 	// partition queues share). Required.
 	Queue string
-	// Partitions is how many partition queues the stream is split over
-	// (see Topology). 0 or 1: one queue.
+	// Partitions is how many partition queues the stream is split over:
+	// <Queue>.0 to <Queue>.<n-1>, an event in the queue of
+	// partition.Of(its shard key, n), every partition sharing the one
+	// dead-letter queue <Queue>.dlq. 0 or 1: one queue, named Queue.
 	Partitions int
 	// Only lists the partitions this consumer takes (0 to Partitions-1);
 	// empty takes them all.
 	Only []int
 	// FormerPartitions is the stream's partition count before its last
 	// change (recorded in idem_stream), 0 if it never changed. The
-	// consumer watches the queues of the stream that its layout lacks (see
-	// Topology.Strays) and reports any message stranded there (Stats,
-	// logs).
+	// consumer watches the queues of the stream that its layout lacks
+	// (Queue itself while partitioned, and the former count's extra
+	// partitions) and reports any message stranded there (Stats, logs).
 	FormerPartitions int
 	// ConnectionName is the client-provided connection name shown by the
 	// broker. Defaults to "idem-consumer".
@@ -111,7 +113,8 @@ type Config struct {
 	// the message is dead-lettered as "handler_failed". Defaults to
 	// 5.
 	DeliveryLimit int
-	// BrokerDeliveryLimit is the queue's x-delivery-limit (see Topology).
+	// BrokerDeliveryLimit is the queues' x-delivery-limit, the broker's
+	// backstop for a message that crashes every consumer that takes it.
 	// At least DeliveryLimit. Defaults to 20 (or DeliveryLimit, if higher).
 	BrokerDeliveryLimit int
 	// HandlerTimeout bounds one attempt: claim, apply and commit.

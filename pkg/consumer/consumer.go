@@ -339,7 +339,7 @@ func (c *Consumer[T]) awaitEnd(ctx context.Context, connClosed chan *amqp.Error,
 // the stream's queues outside its layout.
 const strayCheckEvery = 10 * time.Second
 
-// watchStrays checks the stream's stray queues (Topology.Strays) at once and
+// watchStrays checks the stream's stray queues (broker.Topology.Strays) at once and
 // then every strayCheckEvery until ctx ends, records what it finds for
 // Stats, and logs an error whenever the count of stranded messages changes.
 func (c *Consumer[T]) watchStrays(ctx context.Context, conn *amqp.Connection) {

@@ -56,7 +56,7 @@ type Config struct {
 	// after the guard's when Migrate is set.
 	Migrations []migrations.Set
 	// PruneInterval, if set, deletes dedup rows older than the retention
-	// this often, from every shard (see pgtier.Store.Prune). Every
+	// this often, from every shard, as `idem prune` does. Every
 	// instance of a fleet may run it. Zero leaves pruning to `idem prune`.
 	PruneInterval time.Duration
 	// Metrics, if set, receives idem's Prometheus metrics (package
