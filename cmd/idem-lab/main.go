@@ -5,29 +5,8 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
-
 	"github.com/idemhq/idem/internal/cli"
 	"github.com/idemhq/idem/internal/harness"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	err := harness.Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	switch {
-	case err == nil, cli.IsHelp(err):
-	case errors.Is(err, cli.ErrUsage):
-		os.Exit(2)
-	default:
-		if !errors.Is(err, cli.ErrVerifyFailed) && !cli.Reported(err) {
-			fmt.Fprintln(os.Stderr, "idem-lab:", err)
-		}
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("idem-lab", harness.Run) }

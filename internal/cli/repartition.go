@@ -12,6 +12,7 @@ import (
 	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/config"
 	"github.com/idemhq/idem/internal/layout"
+	"github.com/idemhq/idem/internal/pgerr"
 	"github.com/idemhq/idem/migrations"
 )
 
@@ -32,7 +33,7 @@ func checkPartitions(ctx context.Context, cfg config.Config, log *slog.Logger) e
 		if name := dbs.name(i); name != "" {
 			what += " on " + name
 		}
-		err := waitPostgres(ctx, cfg.Consumer.StartupTimeout, what, log, func(ctx context.Context) error {
+		err := pgerr.Wait(ctx, cfg.Consumer.StartupTimeout, what, log, func(ctx context.Context) error {
 			if _, err := migrations.Apply(ctx, pool); err != nil {
 				return err
 			}

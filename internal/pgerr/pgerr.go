@@ -1,14 +1,17 @@
 // Package pgerr classifies PostgreSQL errors for the consumer and the
 // start-up: which say the server is away (retry the same delivery), and
-// which SQLSTATE an error carries.
+// which SQLSTATE an error carries; and waits out a server that is away.
 package pgerr
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -67,4 +70,41 @@ func SQLState(err error) string {
 		return pgErr.Code
 	}
 	return ""
+}
+
+// Wait's delays between attempts: doubling from waitMin up to waitMax.
+const (
+	waitMin = 200 * time.Millisecond
+	waitMax = 5 * time.Second
+)
+
+// Wait runs fn (what names it in logs) until it succeeds. While
+// PostgreSQL is unreachable or starting it retries, logging each wait, for up
+// to timeout; an error that cannot fix itself (a bad password, a missing
+// database or schema, a failing migration) ends it at once.
+func Wait(ctx context.Context, timeout time.Duration, what string, log *slog.Logger, fn func(context.Context) error) error {
+	deadline := time.Now().Add(timeout)
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := fn(actx)
+		timedOut := actx.Err() != nil
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !timedOut && !IsTransient(err):
+			return fmt.Errorf("%s failed, and retrying cannot fix it (check the database URL and the database): %w", what, err)
+		case time.Now().After(deadline):
+			return fmt.Errorf("PostgreSQL was not reachable within the start-up timeout (%s) for %s: %w", timeout, what, err)
+		}
+		d := min(waitMin<<min(attempt-1, 8), waitMax)
+		log.Warn("waiting for PostgreSQL", "for", what, "err", err, "retry_in", d, "gives_up_in", time.Until(deadline).Round(time.Second))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemhq/idem/internal/horizon"
 	"github.com/idemhq/idem/internal/layout"
+	"github.com/idemhq/idem/internal/pgerr"
 	"github.com/idemhq/idem/migrations"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
@@ -226,7 +227,7 @@ func (s *Service[T]) startUp(ctx context.Context) (notBefore time.Time, former i
 			return w
 		}
 		wait := func(w string, fn func(context.Context) error) error {
-			return waitPostgres(ctx, cc.StartupTimeout, what(w), s.log, fn)
+			return pgerr.Wait(ctx, cc.StartupTimeout, what(w), s.log, fn)
 		}
 		if s.cfg.Migrate {
 			err := wait("migrations", func(ctx context.Context) error {
