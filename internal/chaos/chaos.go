@@ -28,6 +28,7 @@ import (
 	"github.com/idemhq/idem/internal/loadgen"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/sandbox"
+	"github.com/idemhq/idem/internal/telemetry"
 	"github.com/idemhq/idem/internal/verify"
 )
 
@@ -368,19 +369,31 @@ func (r *run) effects(ctx context.Context) int64 {
 	return total
 }
 
-// settle waits until every event is applied and no message is ready in
-// the queue, or a double shows, or Settle passes; the verdict is taken
-// after the fleet stops.
+// settle waits until every event is applied, no message is ready in the
+// queue and no consumer holds one unacked (twice in a row, the consumers'
+// stats files being up to a second old), or a double shows, or Settle
+// passes; the verdict is taken after the fleet stops. A delivery still held
+// (a duplicate retried in place while Postgres restarts, say) would be
+// handed back by the stop and counted as stuck.
 func (r *run) settle(ctx context.Context, m loadgen.Manifest) error {
 	deadline := time.Now().Add(r.o.Settle)
+	quietSince := time.Time{}
 	for time.Now().Before(deadline) {
 		rep, err := verify.CheckShards(ctx, r.pools, m)
-		if err == nil && (rep.Missing == 0 || rep.Doubled > 0) {
+		if err == nil && rep.Doubled > 0 {
+			return nil
+		}
+		if err == nil && rep.Missing == 0 {
 			left, err := r.workDepth()
 			if err != nil {
 				return err
 			}
-			if left == 0 || rep.Doubled > 0 {
+			switch {
+			case left > 0 || r.unacked() > 0:
+				quietSince = time.Time{}
+			case quietSince.IsZero():
+				quietSince = time.Now()
+			case time.Since(quietSince) >= 1500*time.Millisecond:
 				return nil
 			}
 		}
@@ -392,6 +405,23 @@ func (r *run) settle(ctx context.Context, m loadgen.Manifest) error {
 	}
 	r.logf("the fleet did not settle within %s", r.o.Settle)
 	return nil
+}
+
+// unacked sums the deliveries the running consumers hold unacked, as their
+// stats files last said.
+func (r *run) unacked() int64 {
+	var n int64
+	for _, p := range r.fleet.Procs() {
+		select {
+		case <-p.Done():
+			continue // its deliveries went back to the queue when it died
+		default:
+		}
+		if st, err := p.Stats(); err == nil {
+			n += st[telemetry.GaugeUnacked]
+		}
+	}
+	return n
 }
 
 // queueDepth is the ready messages of a queue; 0 if it does not exist.

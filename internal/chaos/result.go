@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/idemhq/idem/internal/fleet"
+	"github.com/idemhq/idem/internal/telemetry"
 	"github.com/idemhq/idem/internal/verify"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/guard"
@@ -82,7 +83,9 @@ func (res *Result) collect(procs []*fleet.Proc) {
 			continue
 		}
 		for k, v := range st {
-			res.Outcomes[k] += v
+			if k != telemetry.GaugeUnacked {
+				res.Outcomes[k] += v
+			}
 		}
 	}
 	res.Deliveries = deliveries(res.Outcomes)

@@ -81,10 +81,14 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 	return nil
 }
 
+// GaugeUnacked keys, in a Snapshot, the consumer's unacked deliveries now
+// (idem_prefetch_in_use): in flight, or settled and waiting for their ack.
+const GaugeUnacked = "gauge/unacked"
+
 // Snapshot flattens idem's counters in g into counts keyed "outcome" (the
 // total over reasons), "outcome/reason" (idem_deliveries_total),
 // "breaker/from->to" (idem_breaker_transitions_total) and "count/name"
-// (idem_<name>_total without labels).
+// (idem_<name>_total without labels), with GaugeUnacked beside them.
 func Snapshot(g prometheus.Gatherer) (map[string]int64, error) {
 	families, err := g.Gather()
 	if err != nil {
@@ -93,6 +97,12 @@ func Snapshot(g prometheus.Gatherer) (map[string]int64, error) {
 	out := map[string]int64{}
 	for _, f := range families {
 		name := f.GetName()
+		if name == "idem_prefetch_in_use" {
+			for _, m := range f.GetMetric() {
+				out[GaugeUnacked] = int64(m.GetGauge().GetValue())
+			}
+			continue
+		}
 		if f.GetType() != dto.MetricType_COUNTER || !strings.HasPrefix(name, "idem_") {
 			continue
 		}
