@@ -168,24 +168,11 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 	topo := broker.TopologyFor(queue, 0)
 	defer deleteQueue(b.o.AMQPURL, topo)
 
-	schema := name
-	if row.Prefilled {
-		schema = b.schema
-	} else if row.Mode == "idem" {
-		if err := b.createSchema(ctx, schema); err != nil {
-			return runResult{}, err
-		}
-		defer b.dropSchema(schema)
+	dbURL, pool, dropDB, err := b.rowDatabase(ctx, row, name)
+	if err != nil {
+		return runResult{}, err
 	}
-	dbURL := sandbox.WithParam(b.o.DatabaseURL, "search_path", schema)
-	var pool *pgxpool.Pool // the row's schema, for the set-up and the verification
-	if row.Mode == "idem" {
-		var err error
-		if pool, err = pgxpool.New(ctx, dbURL); err != nil {
-			return runResult{}, err
-		}
-		defer pool.Close()
-	}
+	defer dropDB()
 	rdb, err := redisClient(b.o.RedisURL)
 	if err != nil {
 		return runResult{}, err
@@ -270,6 +257,37 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 		}
 	}
 	return r, nil
+}
+
+// rowDatabase returns the URL of the row's schema (a fresh one, or the
+// prefilled one), a pool on it for the set-up and the verification (nil for
+// a raw row), and a func that closes the pool and drops a fresh schema.
+func (b *bencher) rowDatabase(ctx context.Context, row Row, name string) (string, *pgxpool.Pool, func(), error) {
+	schema := name
+	var cleanups []func()
+	done := func() {
+		for _, c := range slices.Backward(cleanups) {
+			c()
+		}
+	}
+	if row.Prefilled {
+		schema = b.schema
+	} else if row.Mode == "idem" {
+		if err := b.createSchema(ctx, schema); err != nil {
+			return "", nil, done, err
+		}
+		cleanups = append(cleanups, func() { b.dropSchema(schema) })
+	}
+	dbURL := sandbox.WithParam(b.o.DatabaseURL, "search_path", schema)
+	if row.Mode != "idem" {
+		return dbURL, nil, done, nil
+	}
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return "", nil, done, err
+	}
+	cleanups = append(cleanups, pool.Close)
+	return dbURL, pool, done, nil
 }
 
 // workerEnv is the environment of a row's workers.
