@@ -39,6 +39,17 @@ type Set struct {
 	Files fs.FS
 }
 
+// SetIn is the set of the NNNN_name.sql files in dir of fsys (an embedded
+// directory, say), recorded in ledger. It panics if dir is not a directory
+// of fsys: the path is a literal of the caller's.
+func SetIn(ledger string, fsys fs.FS, dir string) Set {
+	sub, err := fs.Sub(fsys, dir)
+	if err != nil {
+		panic(fmt.Sprintf("migrations: %s: %v", dir, err))
+	}
+	return Set{Ledger: ledger, Files: sub}
+}
+
 // Guard is the guard's own set: idem_processed and idem_horizon.
 var Guard = Set{Ledger: "idem_migrations", Files: files}
 

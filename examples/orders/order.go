@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -35,7 +34,7 @@ type Shipped struct {
 var files embed.FS
 
 // Migrations is the service's own table, recorded in orders_migrations.
-var Migrations = migrations.Set{Ledger: "orders_migrations", Files: mustSub(files, "migrations")}
+var Migrations = migrations.SetIn("orders_migrations", files, "migrations")
 
 // Handler records shipments: one row per ORDER_SHIPPED event, whatever the
 // broker redelivers.
@@ -84,12 +83,4 @@ func (Handler) ApplyBatch(ctx context.Context, tx pgx.Tx, ss []Shipped) error {
 		return fmt.Errorf("record %d shipments: %w", len(ss), err)
 	}
 	return nil
-}
-
-func mustSub(fsys fs.FS, dir string) fs.FS {
-	f, err := fs.Sub(fsys, dir)
-	if err != nil {
-		panic(err) // dir is a literal embedded above
-	}
-	return f
 }

@@ -3,7 +3,6 @@ package payments
 import (
 	"context"
 	"embed"
-	"io/fs"
 
 	"github.com/idemhq/idem/migrations"
 )
@@ -13,7 +12,7 @@ var files embed.FS
 
 // Migrations is the reference handler's own set: payments_ledger and
 // account_balances, recorded in payments_migrations.
-var Migrations = migrations.Set{Ledger: "payments_migrations", Files: sub(files, "migrations")}
+var Migrations = migrations.SetIn("payments_migrations", files, "migrations")
 
 // Migrate applies the guard's migrations, then the reference handler's, and
 // returns what it ran.
@@ -24,12 +23,4 @@ func Migrate(ctx context.Context, db migrations.Conn) ([]migrations.Migration, e
 	}
 	more, err := migrations.ApplySet(ctx, db, Migrations)
 	return append(ran, more...), err
-}
-
-func sub(fsys fs.FS, dir string) fs.FS {
-	f, err := fs.Sub(fsys, dir)
-	if err != nil {
-		panic(err) // dir is a literal embedded above
-	}
-	return f
 }

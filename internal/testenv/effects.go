@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"embed"
-	"io/fs"
 
 	"github.com/idemhq/idem/migrations"
 )
@@ -13,12 +12,4 @@ var effectFiles embed.FS
 // Effects is a test handler's tables, ledger(event_id, user_id, amount)
 // and balances(user_id, balance), for Schema: the library's tests apply
 // effects of their own rather than the reference payments handler's.
-var Effects = migrations.Set{Ledger: "testenv_migrations", Files: mustSub(effectFiles, "effects")}
-
-func mustSub(fsys fs.FS, dir string) fs.FS {
-	f, err := fs.Sub(fsys, dir)
-	if err != nil {
-		panic(err)
-	}
-	return f
-}
+var Effects = migrations.SetIn("testenv_migrations", effectFiles, "effects")
