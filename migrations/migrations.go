@@ -1,7 +1,7 @@
 // Package migrations holds the guard's schema as numbered SQL files and
 // applies the ones a database lacks. It creates only idem's own tables
-// (idem_processed, idem_horizon, idem_shard, idem_stream and the
-// idem_migrations ledger), so it can run
+// (idem_processed, idem_horizon, idem_shard, idem_stream, idem_outbox and
+// the idem_migrations ledger), so it can run
 // in a database that holds a service's other tables. Tables are created
 // unqualified, in the first schema of the connection's search_path.
 //
@@ -50,7 +50,8 @@ func SetIn(ledger string, fsys fs.FS, dir string) Set {
 	return Set{Ledger: ledger, Files: sub}
 }
 
-// Guard is the guard's own set: idem_processed and idem_horizon.
+// Guard is the guard's own set: the dedup rows, the horizon, the layout
+// records and the outbox.
 var Guard = Set{Ledger: "idem_migrations", Files: files}
 
 // All returns the guard's migrations in version order.

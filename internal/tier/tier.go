@@ -4,7 +4,11 @@
 // outside idem (the safety argument covers the tiers it ships).
 package tier
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+	"slices"
+)
 
 // FastState is the fast tier's answer for one event.
 type FastState int
@@ -90,4 +94,43 @@ func (r ClaimResult) String() string {
 		return "untimed"
 	}
 	return fmt.Sprintf("ClaimResult(%d)", int(r))
+}
+
+// Apply is what the guard tells the code a handler calls inside its apply
+// function (package outbox): whose transaction it is.
+type Apply struct {
+	Scope string
+	// IDs are the IDs of the events whose dedup rows the transaction
+	// holds, in no particular order.
+	IDs []string
+
+	set map[string]bool // IDs, built on the first Holds of a large batch
+}
+
+// Holds reports whether the transaction holds the dedup row of event id.
+// Like the transaction, it is not for concurrent use.
+func (a *Apply) Holds(id string) bool {
+	if len(a.IDs) <= 8 {
+		return slices.Contains(a.IDs, id)
+	}
+	if a.set == nil {
+		a.set = make(map[string]bool, len(a.IDs))
+		for _, v := range a.IDs {
+			a.set[v] = true
+		}
+	}
+	return a.set[id]
+}
+
+type applyKey struct{}
+
+// WithApply returns ctx carrying a, for the apply function's calls.
+func WithApply(ctx context.Context, a *Apply) context.Context {
+	return context.WithValue(ctx, applyKey{}, a)
+}
+
+// ApplyFrom returns the Apply ctx carries, if any.
+func ApplyFrom(ctx context.Context) (*Apply, bool) {
+	a, ok := ctx.Value(applyKey{}).(*Apply)
+	return a, ok
 }

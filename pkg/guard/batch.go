@@ -266,7 +266,7 @@ func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, i
 		return nil // nothing to apply or commit; the deferred rollback ends tx
 	}
 	slices.Sort(claimed)
-	if err := g.applyAndCommit(ctx, tx, claimed, apply, named); err != nil {
+	if err := g.applyAndCommit(ctx, tx, events, claimed, apply, named); err != nil {
 		return err
 	}
 	for _, i := range claimed {
@@ -326,12 +326,16 @@ func copyResults(events []Event, copies []int, rep map[string]int, claims map[in
 // applyAndCommit applies the claimed events in tx, which holds their new
 // dedup rows, and commits: steps 4 and 5. shard names the store in a
 // failed commit's error (-1: the only one).
-func (g *Guard) applyAndCommit(ctx context.Context, tx pgx.Tx, claimed []int, apply BatchApplyFunc, shard int) error {
+func (g *Guard) applyAndCommit(ctx context.Context, tx pgx.Tx, events []Event, claimed []int, apply BatchApplyFunc, shard int) error {
 	for range claimed {
 		step.Reached(ctx, step.StoreClaimed)
 	}
+	ids := make([]string, len(claimed))
+	for k, i := range claimed {
+		ids[k] = events[i].ID
+	}
 	began := time.Now()
-	err := apply(ctx, tx, claimed)
+	err := apply(tier.WithApply(ctx, &tier.Apply{Scope: g.scope, IDs: ids}), tx, claimed)
 	g.obs.ObserveStage(ctx, StageApply, len(claimed), time.Since(began), err)
 	if err != nil {
 		return fmt.Errorf("apply: %w", err)

@@ -1,0 +1,128 @@
+package relay
+
+import (
+	"fmt"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/idemhq/idem/internal/broker"
+	"github.com/idemhq/idem/internal/redact"
+)
+
+// Kind is how a destination is reached.
+type Kind int
+
+const (
+	// Queue: an idem stream's quorum queue(s) through the default exchange,
+	// the partition chosen by the message's key as idem publish does.
+	Queue Kind = iota + 1
+	// Exchange: any exchange, with a fixed routing key or the message's key.
+	Exchange
+	// HTTP: a POST with the message ID as its Idempotency-Key header.
+	HTTP
+)
+
+// Destination is where the messages enqueued To one name go.
+type Destination struct {
+	Name string
+	Kind Kind
+	// Stream is the queue destination's topology (Queue, Partitions).
+	Stream broker.Topology
+	// Exchange and RoutingKey address an exchange destination; an empty
+	// RoutingKey routes by the message's key.
+	Exchange, RoutingKey string
+	// URL is the HTTP destination's endpoint.
+	URL string
+}
+
+func (d Destination) String() string {
+	switch d.Kind {
+	case Queue:
+		return fmt.Sprintf("queue:%s/%d", d.Stream.Queue, max(d.Stream.Partitions, 1))
+	case Exchange:
+		return fmt.Sprintf("exchange:%s/%s", d.Exchange, d.RoutingKey)
+	}
+	return redact.String(d.URL)
+}
+
+// route returns the exchange and routing key of an AMQP message with key.
+func (d Destination) route(key string) (exchange, routingKey string) {
+	if d.Kind == Queue {
+		return "", d.Stream.QueueFor(key)
+	}
+	if d.RoutingKey == "" {
+		return d.Exchange, key
+	}
+	return d.Exchange, d.RoutingKey
+}
+
+// ParseDestinations reads outbox.destinations: name=target pairs separated
+// by spaces or newlines, where target is one of
+//
+//	queue:<queue>[/<partitions>]        an idem stream (partitions as the stream's partitions setting)
+//	exchange:<exchange>[/<routing key>] any exchange; no routing key routes by the message's key
+//	http://… or https://…               POST to that URL
+func ParseDestinations(s string) (map[string]Destination, error) {
+	out := map[string]Destination{}
+	for _, f := range strings.Fields(s) {
+		name, target, ok := strings.Cut(f, "=")
+		if !ok || name == "" || target == "" {
+			return nil, fmt.Errorf("%q: want name=target", f)
+		}
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("%q: destination named twice", name)
+		}
+		d, err := parseTarget(target)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		d.Name = name
+		out[name] = d
+	}
+	return out, nil
+}
+
+func parseTarget(t string) (Destination, error) {
+	kind, rest, _ := strings.Cut(t, ":")
+	switch kind {
+	case "queue":
+		q, parts, _ := strings.Cut(rest, "/")
+		if q == "" {
+			return Destination{}, fmt.Errorf("%q: want queue:<queue>[/<partitions>]", t)
+		}
+		d := Destination{Kind: Queue, Stream: broker.TopologyFor(q, 0)}
+		if parts != "" {
+			n, err := strconv.Atoi(parts)
+			if err != nil || n < 1 || n > 1024 {
+				return Destination{}, fmt.Errorf("%q: partitions must be 1 to 1024", t)
+			}
+			d.Stream.Partitions = n
+		}
+		return d, nil
+	case "exchange":
+		x, key, _ := strings.Cut(rest, "/")
+		if x == "" {
+			return Destination{}, fmt.Errorf("%q: want exchange:<exchange>[/<routing key>] (the default exchange is queue:)", t)
+		}
+		return Destination{Kind: Exchange, Exchange: x, RoutingKey: key}, nil
+	case "http", "https":
+		u, err := url.Parse(t)
+		if err != nil || u.Host == "" {
+			return Destination{}, fmt.Errorf("%q: not an absolute URL", redact.String(t))
+		}
+		return Destination{Kind: HTTP, URL: t}, nil
+	}
+	return Destination{}, fmt.Errorf("%q: want queue:…, exchange:… or an http(s) URL", redact.String(t))
+}
+
+// Names returns the destinations' names, sorted.
+func Names(ds map[string]Destination) []string {
+	out := make([]string, 0, len(ds))
+	for n := range ds {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,47 @@
+package relay
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// listen wakes the relay on every idem_outbox notification, on a
+// connection of its own, until ctx ends. It is only a hint: the relay polls
+// too, so a lost notification (while this reconnects) delays rows by at
+// most the poll interval.
+func listen(ctx context.Context, db *pgxpool.Pool, wake chan<- struct{}, log *slog.Logger) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := listenOnce(ctx, db, wake)
+		if ctx.Err() != nil {
+			return
+		}
+		log.Debug("outbox listener lost; polling until it is back", "err", err)
+		sleep(ctx, jitter(backoff))
+		backoff = min(2*backoff, 10*time.Second)
+	}
+}
+
+func listenOnce(ctx context.Context, db *pgxpool.Pool, wake chan<- struct{}) error {
+	c, err := db.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	conn := c.Hijack() // a LISTENing connection must not go back to the pool
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN idem_outbox"); err != nil {
+		return err
+	}
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+}

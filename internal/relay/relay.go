@@ -1,0 +1,410 @@
+// Package relay publishes the outbox (package outbox's idem_outbox rows) to
+// their destinations: idem relay, and outbox.relay in idem consume.
+//
+// A pass takes a few lanes (rows of idem_outbox_lane, FOR UPDATE SKIP
+// LOCKED, so that relays share the lanes out), claims the oldest pending
+// rows of those lanes in id order (FOR UPDATE SKIP LOCKED), publishes them,
+// and marks the confirmed ones sent in the same transaction. A relay that
+// dies before the commit leaves the rows pending and another publishes them
+// again, with the same message IDs. Rows are read by their state, never
+// past a cursor, so a transaction that commits after a later one is not
+// skipped.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/internal/step"
+	"github.com/idemhq/idem/pkg/outbox"
+)
+
+// Lanes is how many lanes idem_outbox_lane holds (migration 0008); the rows
+// of one key share one.
+const Lanes = 32
+
+// Config configures a Relay.
+type Config struct {
+	// DB holds idem_outbox. Required.
+	DB *pgxpool.Pool
+	// AMQPURLs are the broker's nodes, for queue and exchange destinations.
+	AMQPURLs []string
+	// Destinations maps the names messages are enqueued To. A row whose
+	// destination is not here is dead at once, to be replayed once it is.
+	Destinations map[string]Destination
+	// Name names the relay's AMQP connection.
+	Name string
+	// BatchSize is the most rows one pass claims. Defaults to 500.
+	BatchSize int
+	// LanesPerPass is how many of the Lanes a pass takes; a relay runs
+	// through all of them in Lanes/LanesPerPass passes, and relays
+	// running side by side take different ones. Defaults to 8.
+	LanesPerPass int
+	// PollInterval is how often an idle relay looks for rows without a
+	// notification. Defaults to 1s.
+	PollInterval time.Duration
+	// MaxAttempts is how many failed publishes make a row dead. Defaults
+	// to 20.
+	MaxAttempts int
+	// BackoffMin and BackoffMax bound the wait before a failed row is tried
+	// again (doubling per attempt, jittered). Default 1s and 5m.
+	BackoffMin, BackoffMax time.Duration
+	// PublishTimeout bounds a pass's wait for the broker's confirms and
+	// one HTTP request. Defaults to 10s.
+	PublishTimeout time.Duration
+	// DoneStatus, if set, is an HTTP status that a destination answers
+	// for a key whose request it already completed, and counts as sent
+	// like a 2xx.
+	DoneStatus int
+	// Retention is how long sent rows are kept for idem inspect; 0
+	// deletes a row as soon as it is sent. Defaults to 0.
+	Retention time.Duration
+	// Metrics, if set, records the relay's work.
+	Metrics *Metrics
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// WithDefaults returns c with its zero tuning fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defDur := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.BatchSize, 500)
+	def(&c.LanesPerPass, 8)
+	def(&c.MaxAttempts, 20)
+	defDur(&c.PollInterval, time.Second)
+	defDur(&c.BackoffMin, time.Second)
+	defDur(&c.BackoffMax, 5*time.Minute)
+	defDur(&c.PublishTimeout, 10*time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Relay publishes the outbox. Create it with New, run it with Run.
+type Relay struct {
+	cfg   Config
+	log   *slog.Logger
+	amqp  *amqpPublisher
+	http  *httpSender
+	lane  int // the first lane of the next pass
+	ready atomic.Value
+}
+
+// New checks cfg and returns a Relay.
+func New(cfg Config) (*Relay, error) {
+	cfg = cfg.WithDefaults()
+	switch {
+	case cfg.DB == nil:
+		return nil, errors.New("relay: DB is required")
+	case cfg.LanesPerPass < 1 || cfg.LanesPerPass > Lanes:
+		return nil, fmt.Errorf("relay: LanesPerPass must be 1 to %d", Lanes)
+	case cfg.BatchSize < 1 || cfg.BatchSize > 4096:
+		return nil, errors.New("relay: BatchSize must be 1 to 4096")
+	case cfg.MaxAttempts < 1:
+		return nil, errors.New("relay: MaxAttempts must be at least 1")
+	case cfg.BackoffMin > cfg.BackoffMax:
+		return nil, errors.New("relay: BackoffMin above BackoffMax")
+	}
+	r := &Relay{cfg: cfg, log: cfg.Logger, lane: rand.IntN(Lanes)}
+	for _, d := range cfg.Destinations {
+		if d.Kind != HTTP && len(cfg.AMQPURLs) == 0 {
+			return nil, fmt.Errorf("relay: destination %s needs an AMQP URL", d.Name)
+		}
+	}
+	r.amqp = &amqpPublisher{urls: cfg.AMQPURLs, name: cfg.Name, log: r.log}
+	r.http = newHTTPSender(cfg.PublishTimeout, cfg.DoneStatus)
+	r.ready.Store("not started")
+	return r, nil
+}
+
+// Ready returns nil once a pass has run and the last one reached its
+// destinations, or why not.
+func (r *Relay) Ready() error {
+	if s := r.ready.Load().(string); s != "" {
+		return errors.New(s)
+	}
+	return nil
+}
+
+// Run relays until ctx ends. It returns nil then; other errors come only
+// from the start.
+func (r *Relay) Run(ctx context.Context) error {
+	defer r.amqp.close()
+	wake := make(chan struct{}, 1)
+	go listen(ctx, r.cfg.DB, wake, r.log)
+	go r.retain(ctx)
+	if r.cfg.Metrics != nil {
+		go r.cfg.Metrics.watch(ctx, r.cfg.DB, r.log)
+	}
+	backoff := r.cfg.BackoffMin
+	idle := 0 // passes in a row that found nothing
+	for ctx.Err() == nil {
+		n, err := r.pass(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			r.ready.Store(err.Error())
+			r.log.Warn("relay pass failed; retrying", "err", err, "in", backoff)
+			sleep(ctx, jitter(backoff))
+			backoff = min(2*backoff, r.cfg.BackoffMax/10+r.cfg.BackoffMin)
+			continue
+		case err == nil:
+			r.ready.Store("")
+			backoff = r.cfg.BackoffMin
+		}
+		if n > 0 {
+			idle = 0
+			continue
+		}
+		if idle++; idle < Lanes/r.cfg.LanesPerPass {
+			continue // the other lanes may hold rows
+		}
+		idle = 0
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-time.After(r.cfg.PollInterval):
+		}
+	}
+	return nil
+}
+
+// row is a claimed idem_outbox row.
+type row struct {
+	id                         int64
+	scope, eventID             string
+	idx                        int
+	destination, key, typ, ctype string
+	body                       []byte
+	attempts                   int
+	created                    time.Time
+	age                        time.Duration // at the claim, by the database's clock
+}
+
+func (w *row) messageID() string { return outbox.ID(w.scope, w.eventID, w.idx) }
+
+// result is how a row's publish ended.
+type result struct {
+	sent  bool
+	err   error // the failure, when not sent
+	final bool  // the failure will not pass: dead at once
+	after time.Duration
+	// skipped: not tried (an earlier row of its key failed, or the
+	// destination could not be reached); the row stays as it was.
+	skipped bool
+}
+
+// claim takes up to BatchSize pending rows, due now, of the pass's lanes.
+const claim = `WITH lanes AS (
+	SELECT lane FROM idem_outbox_lane WHERE lane = ANY($2::smallint[]) FOR UPDATE SKIP LOCKED
+)
+SELECT o.id, o.scope, o.event_id, o.idx, o.destination, o.key, o.type, o.content_type, o.body, o.attempts, o.created_at,
+	(extract(epoch FROM clock_timestamp() - o.created_at) * 1e6)::bigint
+FROM idem_outbox o
+WHERE o.state = 'pending' AND o.next_at <= now() AND o.lane IN (SELECT lane FROM lanes)
+ORDER BY o.id LIMIT $1
+FOR UPDATE OF o SKIP LOCKED`
+
+// pass claims, publishes and marks one batch, and returns how many rows it
+// claimed.
+func (r *Relay) pass(ctx context.Context) (int, error) {
+	lanes := make([]int16, r.cfg.LanesPerPass)
+	for i := range lanes {
+		lanes[i] = int16((r.lane + i) % Lanes)
+	}
+	r.lane = (r.lane + r.cfg.LanesPerPass) % Lanes
+
+	tx, err := r.cfg.DB.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := r.claim(ctx, tx, lanes)
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+	claimed := time.Now()
+	results, pubErr := r.publish(ctx, rows)
+	step.Reached(ctx, step.RelayPublished)
+	if err := r.mark(ctx, tx, rows, results); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("commit: %w", err)
+	}
+	step.Reached(ctx, step.RelayMarked)
+	r.observe(rows, results, time.Since(claimed))
+	return len(rows), pubErr
+}
+
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx, lanes []int16) ([]*row, error) {
+	rs, err := tx.Query(ctx, claim, r.cfg.BatchSize, lanes)
+	if err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	var out []*row
+	var ageMicros int64
+	for rs.Next() {
+		w := &row{}
+		if err := rs.Scan(&w.id, &w.scope, &w.eventID, &w.idx, &w.destination, &w.key, &w.typ, &w.ctype, &w.body,
+			&w.attempts, &w.created, &ageMicros); err != nil {
+			rs.Close()
+			return nil, fmt.Errorf("claim: %w", err)
+		}
+		w.age = time.Duration(ageMicros) * time.Microsecond
+		out = append(out, w)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	return out, nil
+}
+
+// publish sends every row to its destination and returns each row's
+// result. The error, if any, is a destination that could not be reached
+// (its rows are skipped, not failed).
+func (r *Relay) publish(ctx context.Context, rows []*row) ([]result, error) {
+	results := make([]result, len(rows))
+	var amqpRows, httpRows []int
+	for i, w := range rows {
+		d, ok := r.cfg.Destinations[w.destination]
+		switch {
+		case !ok:
+			results[i] = result{err: fmt.Errorf("no destination %q in outbox.destinations", w.destination), final: true}
+		case d.Kind == HTTP:
+			httpRows = append(httpRows, i)
+		default:
+			amqpRows = append(amqpRows, i)
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.http.sendAll(ctx, r.cfg.Destinations, rows, httpRows, results) }()
+	var errs []error
+	if len(amqpRows) > 0 {
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+		errs = append(errs, r.amqp.publishAll(pctx, r.cfg.Destinations, rows, amqpRows, results))
+		cancel()
+	}
+	errs = append(errs, <-done)
+	return results, errors.Join(errs...)
+}
+
+// markSent and markFailed record a pass's results.
+const (
+	markSent   = `UPDATE idem_outbox SET state = 'sent', sent_at = clock_timestamp(), attempts = attempts + 1, last_error = NULL WHERE id = ANY($1)`
+	deleteSent = `DELETE FROM idem_outbox WHERE id = ANY($1)`
+	markFailed = `UPDATE idem_outbox o SET attempts = o.attempts + 1, last_error = f.err,
+	state = CASE WHEN f.final OR o.attempts + 1 >= $2 THEN 'dead' ELSE 'pending' END,
+	next_at = clock_timestamp() + f.after_ms * interval '1 millisecond'
+FROM unnest($1::bigint[], $3::text[], $4::bool[], $5::bigint[]) AS f(id, err, final, after_ms)
+WHERE o.id = f.id`
+)
+
+func (r *Relay) mark(ctx context.Context, tx pgx.Tx, rows []*row, results []result) error {
+	var sent, failed []int64
+	var errs []string
+	var final []bool
+	var after []int64
+	for i, res := range results {
+		switch {
+		case res.sent:
+			sent = append(sent, rows[i].id)
+		case res.skipped:
+		default:
+			failed = append(failed, rows[i].id)
+			errs = append(errs, truncate(res.err.Error(), 500))
+			final = append(final, res.final)
+			after = append(after, r.backoff(rows[i].attempts+1, res.after).Milliseconds())
+		}
+	}
+	b := &pgx.Batch{}
+	if len(sent) > 0 {
+		if r.cfg.Retention > 0 {
+			b.Queue(markSent, sent)
+		} else {
+			b.Queue(deleteSent, sent)
+		}
+	}
+	if len(failed) > 0 {
+		b.Queue(markFailed, failed, r.cfg.MaxAttempts, errs, final, after)
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("mark: %w", err)
+	}
+	return nil
+}
+
+// backoff is the wait before attempt n+1: BackoffMin doubled per attempt,
+// capped, jittered, and at least what the destination asked for.
+func (r *Relay) backoff(attempts int, asked time.Duration) time.Duration {
+	d := r.cfg.BackoffMin
+	for i := 1; i < attempts && d < r.cfg.BackoffMax; i++ {
+		d *= 2
+	}
+	d = jitter(min(d, r.cfg.BackoffMax))
+	return min(max(d, asked), r.cfg.BackoffMax)
+}
+
+func (r *Relay) observe(rows []*row, results []result, took time.Duration) {
+	for i, res := range results {
+		w := rows[i]
+		switch {
+		case res.sent:
+			r.cfg.Metrics.sent(w.destination, w.age+took)
+		case res.skipped:
+		case res.final || w.attempts+1 >= r.cfg.MaxAttempts:
+			r.cfg.Metrics.failed(w.destination, true)
+			r.log.Error("outbox message dead", "message_id", w.messageID(), "event_id", w.eventID, "destination", w.destination,
+				"attempts", w.attempts+1, "err", res.err)
+		default:
+			r.cfg.Metrics.failed(w.destination, false)
+			r.log.Warn("outbox publish failed; will retry", "message_id", w.messageID(), "destination", w.destination,
+				"attempts", w.attempts+1, "err", res.err)
+		}
+	}
+}
+
+// jitter returns d less up to a fifth, at random.
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return d
+	}
+	return d - time.Duration(rand.Int64N(int64(d)/5+1))
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
+}

@@ -1,0 +1,129 @@
+// Package outbox sends a handler's messages to other systems exactly when
+// its effect commits: Enqueue inserts them into the idem_outbox table through
+// the guard's transaction, so they exist if and only if the event's effect
+// and dedup row committed, and a relay (idem relay, or outbox.relay in idem
+// consume) publishes them afterwards.
+//
+// A relay publishes a message at least once: a relay that dies after the
+// publish and before it marks the row sent publishes it again. Every
+// re-publish carries the same message ID, derived from the event that sent
+// it (ID), so a receiver that deduplicates by it (an idem consumer that takes
+// the AMQP message ID as its event ID, an HTTP API that honours the
+// Idempotency-Key header) applies it once.
+package outbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemhq/idem/internal/tier"
+	"github.com/idemhq/idem/pkg/partition"
+)
+
+// lanes is how many lanes idem_outbox_lane holds (migration 0008). A key's
+// messages share a lane, which one relay at a time drains in order.
+const lanes = 32
+
+// Message is one outgoing message.
+type Message struct {
+	// EventID is the event that sends the message: one whose effect the
+	// transaction applies. Required.
+	EventID string
+	// Index numbers the event's messages from 0. (scope, EventID, Index)
+	// identifies the message (see ID): two messages of one event need two
+	// indexes, and the same index is the same message on every attempt.
+	Index int
+	// To names the destination, one of the relay's outbox.destinations.
+	// Required.
+	To string
+	// Key orders messages: those of one key leave in commit order. A
+	// queue destination also routes by it to its partition. Empty: the
+	// message is ordered only with the other messages of its event.
+	Key string
+	// Type is the message's type: the AMQP type property, or the
+	// X-Idem-Type header of an HTTP request. Optional.
+	Type string
+	// ContentType is the body's media type. Defaults to application/json.
+	ContentType string
+	// Body is the payload: the AMQP body, or the HTTP request's body.
+	Body []byte
+}
+
+// insert adds a batch of messages in one statement.
+const insert = `INSERT INTO idem_outbox (scope, event_id, idx, destination, key, lane, type, content_type, body)
+SELECT $1, * FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::smallint[], $7::text[], $8::text[], $9::bytea[])`
+
+// Enqueue inserts msgs into the outbox through tx. Call it from a handler's
+// Apply or ApplyBatch (or a guard's apply function) with the ctx and tx it
+// was given: it refuses a ctx that is not an apply's, and a message whose
+// EventID is not one of the events the transaction applies, because only
+// that event's dedup row makes the message's ID unique. The same message
+// enqueued twice in one transaction fails with a unique violation, which
+// dead-letters the event.
+func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	a, ok := tier.ApplyFrom(ctx)
+	if !ok {
+		return errors.New("outbox: Enqueue outside a guard's apply: pass the ctx the handler was given")
+	}
+	n := len(msgs)
+	ids, to, keys, types, ctypes := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	idx, lane := make([]int32, n), make([]int16, n)
+	bodies := make([][]byte, n)
+	for i, m := range msgs {
+		if err := m.validate(a); err != nil {
+			return err
+		}
+		ids[i], idx[i], to[i], keys[i], types[i], bodies[i] = m.EventID, int32(m.Index), m.To, m.Key, m.Type, m.Body
+		ctypes[i] = m.ContentType
+		if ctypes[i] == "" {
+			ctypes[i] = "application/json"
+		}
+		if bodies[i] == nil {
+			bodies[i] = []byte{}
+		}
+		key := m.Key
+		if key == "" {
+			key = m.EventID
+		}
+		lane[i] = int16(partition.Of(key, lanes))
+	}
+	if _, err := tx.Exec(ctx, insert, a.Scope, ids, idx, to, keys, lane, types, ctypes, bodies); err != nil {
+		return fmt.Errorf("outbox: enqueue %d message(s): %w", n, err)
+	}
+	return nil
+}
+
+func (m Message) validate(a *tier.Apply) error {
+	switch {
+	case !a.Holds(m.EventID):
+		return fmt.Errorf("outbox: message %d of event %q: the transaction does not apply that event", m.Index, m.EventID)
+	case m.To == "":
+		return fmt.Errorf("outbox: message %d of event %q: To is required", m.Index, m.EventID)
+	case m.Index < 0 || m.Index > 1<<30:
+		return fmt.Errorf("outbox: message %d of event %q: Index out of range", m.Index, m.EventID)
+	}
+	return nil
+}
+
+// ID returns the message ID of the index-th message of event eventID in
+// scope: 32 hex digits of a SHA-256 over the three, the same on every
+// publish. The relay sends it as the AMQP message ID and as the HTTP
+// Idempotency-Key header; it is a valid idem event ID.
+func ID(scope, eventID string, index int) string {
+	h := sha256.New()
+	h.Write([]byte(scope))
+	h.Write([]byte{0})
+	h.Write([]byte(eventID))
+	h.Write([]byte{0})
+	h.Write(strconv.AppendInt(nil, int64(index), 10))
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
