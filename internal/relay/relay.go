@@ -189,14 +189,14 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // row is a claimed idem_outbox row.
 type row struct {
-	id                         int64
-	scope, eventID             string
-	idx                        int
+	id                           int64
+	scope, eventID               string
+	idx                          int
 	destination, key, typ, ctype string
-	body                       []byte
-	attempts                   int
-	created                    time.Time
-	age                        time.Duration // at the claim, by the database's clock
+	body                         []byte
+	attempts                     int
+	created                      time.Time
+	age                          time.Duration // at the claim, by the database's clock
 }
 
 func (w *row) messageID() string { return outbox.ID(w.scope, w.eventID, w.idx) }
