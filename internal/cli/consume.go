@@ -12,10 +12,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/config"
 	"github.com/idemhq/idem/internal/payments"
+	"github.com/idemhq/idem/internal/relay"
 	"github.com/idemhq/idem/internal/telemetry"
 	"github.com/idemhq/idem/migrations"
 	"github.com/idemhq/idem/pkg/consumer"
@@ -62,40 +64,86 @@ func RunConsume(ctx context.Context, e *Env, args []string) error {
 	sc.Consumer.ConnectionName, sc.Consumer.Only = *name, partitions
 	sc.Migrate, sc.Migrations = !*noMigrate, []migrations.Set{payments.Migrations}
 	sc.Metrics = reg
-	svc, err := idem.New(sc, payments.Handler{})
+	var rs []*relay.Relay
+	if cfg.Outbox.Relay {
+		if rs, err = newRelays(cfg, dbs, reg, log, *name+"-relay"); err != nil {
+			return err
+		}
+	}
+	run := serving{cfg: cfg, log: log, reg: reg, relays: rs, dbs: dbs, statsFile: *statsFile}
+	if cfg.Handler == config.HandlerReceipts {
+		err = serve(ctx, run, sc, payments.Receipts{Emit: cfg.Outbox.Emit})
+	} else {
+		err = serve(ctx, run, sc, payments.Handler{Receipts: cfg.Outbox.Emit})
+	}
+	if errors.Is(err, consumer.ErrBrokerRefused) || errors.Is(err, consumer.ErrBrokerUnreachable) {
+		return fmt.Errorf("amqp_url: %w", err)
+	}
+	return err
+}
+
+// serving is what a consume process serves besides its handler.
+type serving struct {
+	cfg       config.Config
+	log       *slog.Logger
+	reg       *prometheus.Registry
+	relays    []*relay.Relay // outbox.relay: run beside the consumer
+	dbs       Shards
+	statsFile string
+}
+
+// serve runs h through the front door, with the process's telemetry and
+// relays, until ctx ends and the service drained.
+func serve[T any](ctx context.Context, s serving, sc idem.Config, h consumer.Handler[T]) error {
+	svc, err := idem.New(sc, h)
 	if err != nil {
 		return err
 	}
-
+	log := s.log
 	// Metrics and probes answer from the start, while start-up waits, and
 	// until the drain is over, so that a scrape sees the end.
-	if cfg.MetricsAddr != "" {
-		stop, err := serveTelemetry(ctx, cfg.MetricsAddr, telemetry.Handler(reg, svc.Health()), log)
+	if s.cfg.MetricsAddr != "" {
+		health := svc.Health()
+		if len(s.relays) > 0 {
+			health = withRelayHealth(health, s.relays)
+		}
+		stop, err := serveTelemetry(ctx, s.cfg.MetricsAddr, telemetry.Handler(s.reg, health), log)
 		if err != nil {
 			return err
 		}
 		defer stop()
 	}
 	snapshot := func() any {
-		snap, err := telemetry.Snapshot(reg)
+		snap, err := telemetry.Snapshot(s.reg)
 		if err != nil {
 			log.Error("read metrics", "err", err)
 		}
 		return snap
 	}
 	stopStats := func() {}
-	if *statsFile != "" {
+	if s.statsFile != "" {
 		// Every second, so that a consumer killed with SIGKILL leaves
 		// counts at most a second old (idem-lab chaos sums them).
-		stopStats = telemetry.WriteStatsEvery(*statsFile, time.Second, snapshot,
+		stopStats = telemetry.WriteStatsEvery(s.statsFile, time.Second, snapshot,
 			func(err error) { log.Error("write stats file", "err", err) })
 	}
+	// The relays stop with the consumer: they start once the service has
+	// migrated (Run does), and a relay that outlived the drain would only
+	// publish what the next process publishes anyway.
+	relayCtx, stopRelays := context.WithCancel(context.WithoutCancel(ctx))
+	relaysDone := make(chan struct{})
+	go func() {
+		defer close(relaysDone)
+		if len(s.relays) > 0 {
+			waitForOutbox(relayCtx, s.dbs)
+			runRelays(relayCtx, s.relays)
+		}
+	}()
 	err = svc.Run(ctx)
+	stopRelays()
+	<-relaysDone
 	log.Info("stopped", "outcomes", snapshot())
 	stopStats()
-	if errors.Is(err, consumer.ErrBrokerRefused) || errors.Is(err, consumer.ErrBrokerUnreachable) {
-		return fmt.Errorf("amqp_url: %w", err)
-	}
 	return err
 }
 

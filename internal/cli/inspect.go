@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemhq/idem/internal/config"
 	"github.com/idemhq/idem/internal/fastkey"
+	"github.com/idemhq/idem/internal/relay"
 	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/guard"
 )
@@ -25,7 +26,8 @@ func runInspect(ctx context.Context, e *Env, args []string) error {
 
 Shows, for one event ID in the configured scope, what each tier holds: the
 Redis key (pending lease or done marker, payload hash, time to live), the
-dedup row (when it was processed, payload hash), and, where the reference
+dedup row (when it was processed, payload hash), the messages it sent
+through the outbox (and whether each was sent), and, where the reference
 payments handler's tables are in the schema, its effect (ledger rows and the
 user's balance). It works for any handler's database: without those tables
 it shows the guard's tiers alone. With postgres.shards it looks on every
@@ -77,6 +79,9 @@ shard: an event ID alone does not say which shard its user maps to.`)
 		}
 		if found {
 			rows++
+		}
+		if err := inspectOutbox(ctx, tw, pool, cfg.Scope, id, on); err != nil {
+			return err
 		}
 		n, shown, err := inspectPayment(ctx, tw, pool, id, on)
 		if err != nil {
@@ -135,6 +140,36 @@ func inspectDedupRow(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, scop
 	}
 	fmt.Fprintf(tw, "dedup row%s:\tprocessed %s (%s ago), payload hash %s\n", on, at.UTC().Format(time.RFC3339Nano), time.Since(at).Round(time.Second), hex.EncodeToString(h))
 	return true, nil
+}
+
+// inspectOutbox prints the messages the event sent through the outbox, and
+// whether each was sent.
+func inspectOutbox(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, scope, id, on string) error {
+	var present bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('idem_outbox') IS NOT NULL`).Scan(&present); err != nil || !present {
+		return dbErr(err) // nil when the table is absent: an older schema sends nothing
+	}
+	msgs, err := relay.List(ctx, pool, relay.Filter{Scope: scope, EventID: id})
+	if err != nil {
+		return dbErr(err)
+	}
+	for _, m := range msgs {
+		fmt.Fprintf(tw, "outgoing %d%s:	message %s to %s, key %q: %s\n", m.Index, on, m.MessageID, m.Destination, m.Key, describeMessage(m))
+	}
+	return nil
+}
+
+// describeMessage says where an outbox row stands.
+func describeMessage(m relay.Message) string {
+	switch {
+	case m.State == "sent" && m.SentAt != nil:
+		return fmt.Sprintf("sent %s, %s after its commit, attempt %d", m.SentAt.UTC().Format(time.RFC3339Nano), m.SentAt.Sub(m.CreatedAt).Round(time.Millisecond), m.Attempts)
+	case m.State == "dead":
+		return fmt.Sprintf("DEAD after %d attempt(s): %s (idem outbox replay --id %d)", m.Attempts, m.LastError, m.ID)
+	case m.Attempts > 0:
+		return fmt.Sprintf("pending, %d failed attempt(s), last: %s", m.Attempts, m.LastError)
+	}
+	return fmt.Sprintf("pending since %s", m.CreatedAt.UTC().Format(time.RFC3339Nano))
 }
 
 // inspectPayment prints the reference handler's effect of the event, if

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemhq/idem/internal/broker"
+	"github.com/idemhq/idem/internal/relay"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard/redistier"
 )
@@ -63,9 +64,57 @@ type Config struct {
 	// /healthz and /readyz probes on this address.
 	MetricsAddr string `yaml:"metrics_addr"`
 
+	// Handler is the reference handler idem consume runs: payments
+	// (PAYMENT_COMPLETED into payments_ledger and account_balances) or
+	// receipts (RECEIPT_REQUESTED, which payments sends through the
+	// outbox, into receipts). Defaults to payments.
+	Handler string `yaml:"handler"`
+
 	Consumer Consumer `yaml:"consumer"`
 	Redis    Redis    `yaml:"redis"`
 	Postgres Postgres `yaml:"postgres"`
+	Outbox   Outbox   `yaml:"outbox"`
+}
+
+// Outbox configures the messages handlers send to other systems, and the
+// relay that publishes them (idem relay, or outbox.relay in idem consume).
+type Outbox struct {
+	// Emit, if set, names the destination the reference handler sends its
+	// follow-up message to through the outbox: payments sends a
+	// RECEIPT_REQUESTED per payment, receipts POSTs each receipt. Empty:
+	// none. Defaults to empty.
+	Emit string `yaml:"emit"`
+	// Relay runs a relay inside idem consume. Defaults to false.
+	Relay bool `yaml:"relay"`
+	// Destinations names where messages go, name=target separated by
+	// spaces: queue:<queue>[/<partitions>] (an idem stream, routed by the
+	// message's key), exchange:<exchange>[/<routing key>], or an http(s)
+	// URL (POST, Idempotency-Key = the message ID). Defaults to empty.
+	Destinations string `yaml:"destinations"`
+	// BatchSize is the most rows one relay pass claims. Defaults to 500.
+	BatchSize int `yaml:"batch_size"`
+	// PollInterval is how often an idle relay looks for rows without a
+	// notification. Defaults to 1s.
+	PollInterval time.Duration `yaml:"poll_interval"`
+	// MaxAttempts is how many failed publishes make a row dead (idem
+	// outbox replay brings it back). Defaults to 20.
+	MaxAttempts int `yaml:"max_attempts"`
+	// BackoffMin is the wait before a failed row's second attempt,
+	// doubling after. Defaults to 1s.
+	BackoffMin time.Duration `yaml:"backoff_min"`
+	// BackoffMax caps the wait between attempts. Defaults to 5m.
+	BackoffMax time.Duration `yaml:"backoff_max"`
+	// PublishTimeout bounds the wait for a pass's confirms and for one
+	// HTTP request. Defaults to 10s.
+	PublishTimeout time.Duration `yaml:"publish_timeout"`
+	// DoneStatus, if set, is the HTTP status an API answers for a key it
+	// already completed, counted as sent like a 2xx. Never a status the
+	// API also answers while a request with that key is still in progress
+	// (Stripe's 409 is one). Defaults to 0 (none).
+	DoneStatus int `yaml:"done_status"`
+	// Retention is how long sent rows are kept, for idem inspect; 0
+	// deletes a row once it is sent. Defaults to 24h.
+	Retention time.Duration `yaml:"retention"`
 }
 
 // Consumer tunes the RabbitMQ consumer runtime.
@@ -196,6 +245,7 @@ type Postgres struct {
 func Default() Config {
 	c := consumer.Config{}.WithDefaults()
 	r := redistier.Config{}.WithDefaults()
+	o := relay.Config{}.WithDefaults()
 	return Config{
 		AMQPURL:     DefaultAMQPURL,
 		RedisURL:    DefaultRedisURL,
@@ -238,6 +288,40 @@ func Default() Config {
 			BreakerHalfOpenRequests: r.Breaker.HalfOpenRequests,
 		},
 		Postgres: Postgres{Retention: c.Retention},
+		Handler:  HandlerPayments,
+		Outbox: Outbox{
+			BatchSize:      o.BatchSize,
+			PollInterval:   o.PollInterval,
+			MaxAttempts:    o.MaxAttempts,
+			BackoffMin:     o.BackoffMin,
+			BackoffMax:     o.BackoffMax,
+			PublishTimeout: o.PublishTimeout,
+			Retention:      24 * time.Hour,
+		},
+	}
+}
+
+// The reference handlers.
+const (
+	HandlerPayments = "payments"
+	HandlerReceipts = "receipts"
+)
+
+// RelayConfig is the relay's part of c (the DB and the logger are the
+// caller's).
+func (c Config) RelayConfig() relay.Config {
+	dests, _ := relay.ParseDestinations(c.Outbox.Destinations) // Validate parsed it
+	return relay.Config{
+		AMQPURLs:       broker.SplitURLs(c.AMQPURL),
+		Destinations:   dests,
+		BatchSize:      c.Outbox.BatchSize,
+		PollInterval:   c.Outbox.PollInterval,
+		MaxAttempts:    c.Outbox.MaxAttempts,
+		BackoffMin:     c.Outbox.BackoffMin,
+		BackoffMax:     c.Outbox.BackoffMax,
+		PublishTimeout: c.Outbox.PublishTimeout,
+		DoneStatus:     c.Outbox.DoneStatus,
+		Retention:      c.Outbox.Retention,
 	}
 }
 

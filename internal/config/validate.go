@@ -12,13 +12,14 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemhq/idem/internal/broker"
+	"github.com/idemhq/idem/internal/relay"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
 // Validate returns an error naming the first bad field by its yaml path.
 func (c Config) Validate() error {
-	for _, check := range []func() error{c.validateConnections, c.validateNames, c.validateRanges, c.validateAgreement} {
+	for _, check := range []func() error{c.validateConnections, c.validateNames, c.validateRanges, c.validateAgreement, c.validateOutbox} {
 		if err := check(); err != nil {
 			return err
 		}
@@ -171,6 +172,43 @@ func (c Config) validateAgreement() error {
 		return bad("redis.prefix", "%q may not contain ':'", c.Redis.Prefix)
 	case c.Redis.Enabled && c.Redis.Timeout >= c.Consumer.HandlerTimeout:
 		return bad("redis.timeout", "%s must be well below consumer.handler_timeout (%s), since Redis is only an optimisation", c.Redis.Timeout, c.Consumer.HandlerTimeout)
+	}
+	return nil
+}
+
+// validateOutbox checks the outbox and relay settings.
+func (c Config) validateOutbox() error {
+	if c.Handler != HandlerPayments && c.Handler != HandlerReceipts {
+		return bad("handler", "%q is not a reference handler; want payments or receipts", c.Handler)
+	}
+	dests, err := relay.ParseDestinations(c.Outbox.Destinations)
+	if err != nil {
+		return bad("outbox.destinations", "%v", err)
+	}
+	if _, ok := dests[c.Outbox.Emit]; c.Outbox.Emit != "" && len(dests) > 0 && !ok {
+		return bad("outbox.emit", "%q is not one of outbox.destinations (%s)", c.Outbox.Emit, strings.Join(relay.Names(dests), ", "))
+	}
+	if c.Outbox.Relay && len(dests) == 0 {
+		return bad("outbox.relay", "a relay needs outbox.destinations")
+	}
+	o := c.Outbox
+	switch {
+	case o.BatchSize < 1 || o.BatchSize > 4096:
+		return bad("outbox.batch_size", "%d is out of range; want 1 to 4096", o.BatchSize)
+	case o.MaxAttempts < 1 || o.MaxAttempts > 10000:
+		return bad("outbox.max_attempts", "%d is out of range; want 1 to 10000", o.MaxAttempts)
+	case o.PollInterval < 10*time.Millisecond || o.PollInterval > time.Hour:
+		return bad("outbox.poll_interval", "%s is out of range; want 10ms to 1h", o.PollInterval)
+	case o.BackoffMin < time.Millisecond || o.BackoffMin > o.BackoffMax:
+		return bad("outbox.backoff_min", "%s is out of range; want 1ms to outbox.backoff_max (%s)", o.BackoffMin, o.BackoffMax)
+	case o.BackoffMax > 24*time.Hour:
+		return bad("outbox.backoff_max", "%s is out of range; want at most 1d", o.BackoffMax)
+	case o.PublishTimeout < 100*time.Millisecond || o.PublishTimeout > 10*time.Minute:
+		return bad("outbox.publish_timeout", "%s is out of range; want 100ms to 10m", o.PublishTimeout)
+	case o.DoneStatus != 0 && (o.DoneStatus < 300 || o.DoneStatus > 499 || o.DoneStatus == 429 || o.DoneStatus == 408):
+		return bad("outbox.done_status", "%d is not an answer that can mean done; want 0 (2xx only) or a 3xx/4xx other than 408 and 429", o.DoneStatus)
+	case o.Retention < 0 || o.Retention > 365*24*time.Hour:
+		return bad("outbox.retention", "%s is out of range; want 0 (delete once sent) to 365d", o.Retention)
 	}
 	return nil
 }

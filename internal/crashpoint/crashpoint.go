@@ -33,11 +33,11 @@ const (
 // Steps lists every step a crash can be armed at, in flow order.
 var Steps = step.All
 
-// Install arms the guard's and the consumer's steps (package step) from
-// the environment: the process SIGKILLs itself at the armed one. Nothing
-// is installed when nothing is armed.
+// Install arms the guard's, the consumer's and the relay's steps (package
+// step) from the environment: the process SIGKILLs itself at the armed one.
+// Nothing is installed when nothing is armed.
 func Install(getenv func(string) string) error {
-	crash, err := Arm(getenv, Steps, nil)
+	crash, err := Arm(getenv, slices.Concat(Steps, step.Relay), nil)
 	if crash == nil || err != nil {
 		return err
 	}

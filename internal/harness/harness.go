@@ -31,20 +31,21 @@ func Commands() []cli.Command {
 		{Name: "bench-worker", Summary: "one consumer process of 'idem-lab bench' (started by it)", Run: runBenchWorker},
 	}
 	for _, c := range cli.Commands() {
-		if c.Name == "consume" {
+		if c.Name == "consume" || c.Name == "relay" {
 			c.Summary += "; IDEM_CRASH_AT arms a SIGKILL at a step"
-			c.Run = runArmedConsume
+			c.Run = armed(c.Run)
 		}
 		cmds = append(cmds, c)
 	}
 	return cmds
 }
 
-// runArmedConsume is idem consume with the crash points of the environment
-// armed.
-func runArmedConsume(ctx context.Context, e *cli.Env, args []string) error {
-	if err := crashpoint.Install(e.Getenv); err != nil {
-		return err
+// armed is run with the crash points of the environment armed.
+func armed(run func(context.Context, *cli.Env, []string) error) func(context.Context, *cli.Env, []string) error {
+	return func(ctx context.Context, e *cli.Env, args []string) error {
+		if err := crashpoint.Install(e.Getenv); err != nil {
+			return err
+		}
+		return run(ctx, e, args)
 	}
-	return cli.RunConsume(ctx, e, args)
 }

@@ -8,10 +8,15 @@ import (
 
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/pkg/outbox"
 )
 
 // Handler applies payment events. It implements consumer.Handler[Event].
-type Handler struct{}
+type Handler struct {
+	// Receipts, if set, names the outbox destination each payment sends a
+	// RECEIPT_REQUESTED to, in the payment's transaction.
+	Receipts string
+}
 
 var _ consumer.Handler[Event] = Handler{}
 
@@ -29,7 +34,7 @@ func (Handler) Decode(m consumer.Message) (guard.Event, Event, error) {
 
 // Apply appends the payment to the ledger and adds it to the balance, both
 // through tx, which also holds the event's dedup row.
-func (Handler) Apply(ctx context.Context, tx pgx.Tx, ev Event) error {
+func (h Handler) Apply(ctx context.Context, tx pgx.Tx, ev Event) error {
 	b := &pgx.Batch{}
 	b.Queue(`INSERT INTO payments_ledger (event_id, user_id, amount) VALUES ($1, $2, $3)`, ev.EventID, ev.UserID, ev.Amount)
 	b.Queue(`INSERT INTO account_balances (user_id, balance) VALUES ($1, $2)
@@ -38,7 +43,10 @@ func (Handler) Apply(ctx context.Context, tx pgx.Tx, ev Event) error {
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("apply payment %s: %w", ev.EventID, err)
 	}
-	return nil
+	if h.Receipts == "" {
+		return nil
+	}
+	return outbox.Enqueue(ctx, tx, receiptMessage(h.Receipts, ev))
 }
 
 var _ consumer.BatchHandler[Event] = Handler{}
@@ -58,7 +66,7 @@ ON CONFLICT (user_id) DO UPDATE SET balance = account_balances.balance + EXCLUDE
 
 // ApplyBatch implements consumer.BatchHandler: the same effect as Apply for
 // each event, in two set-based statements sent in one round trip.
-func (Handler) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []Event) error {
+func (h Handler) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []Event) error {
 	ids := make([]string, len(evs))
 	users := make([]string, len(evs))
 	amounts := make([]int64, len(evs))
@@ -71,5 +79,12 @@ func (Handler) ApplyBatch(ctx context.Context, tx pgx.Tx, evs []Event) error {
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("apply %d payments: %w", len(evs), err)
 	}
-	return nil
+	if h.Receipts == "" {
+		return nil
+	}
+	msgs := make([]outbox.Message, len(evs))
+	for i, ev := range evs {
+		msgs[i] = receiptMessage(h.Receipts, ev)
+	}
+	return outbox.Enqueue(ctx, tx, msgs...)
 }

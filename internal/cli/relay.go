@@ -1,0 +1,258 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemhq/idem/internal/config"
+	"github.com/idemhq/idem/internal/relay"
+	"github.com/idemhq/idem/internal/telemetry"
+	"github.com/idemhq/idem/migrations"
+)
+
+func runRelay(ctx context.Context, e *Env, args []string) error {
+	fs := NewFlags(e, "relay", `Publishes the outbox until SIGTERM or SIGINT: the messages handlers enqueued
+in their events' transactions (idem_outbox), to outbox.destinations, with
+publisher confirms (or an HTTP POST with an Idempotency-Key), marking each
+sent once confirmed. Run as many as you like: they share the outbox's lanes,
+and the messages of one key leave in order. With postgres.shards, one relay
+per shard runs in this process. Applies idem's pending migrations at start.`)
+	path := fs.String("config", "", "YAML config `file`")
+	host, _ := os.Hostname()
+	name := fs.String("name", fmt.Sprintf("idem-relay-%s-%d", host, os.Getpid()), "client-provided RabbitMQ connection `name`")
+	noMigrate := fs.Bool("no-migrate", false, "do not apply pending migrations at start")
+	statsFile := fs.String("stats-file", "", "write the relay's counts as JSON to this `file` every second and on exit")
+	if err := Parse(fs, args); err != nil {
+		return err
+	}
+	cfg, log, dbs, err := e.LoadDB(ctx, *path)
+	if err != nil {
+		return err
+	}
+	defer dbs.Close()
+	if cfg.Outbox.Destinations == "" {
+		return errors.New("outbox.destinations: empty; a relay needs somewhere to send (see idem relay -h and the README)")
+	}
+	if !*noMigrate {
+		if err := migrateGuard(ctx, dbs); err != nil {
+			return err
+		}
+	}
+	reg := telemetry.NewRegistry()
+	rs, err := newRelays(cfg, dbs, reg, log, *name)
+	if err != nil {
+		return err
+	}
+	if cfg.MetricsAddr != "" {
+		stop, err := serveTelemetry(ctx, cfg.MetricsAddr, telemetry.Handler(reg, relay.Health(rs)), log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	if *statsFile != "" {
+		stop := telemetry.WriteStatsEvery(*statsFile, time.Second, func() any {
+			snap, err := telemetry.Snapshot(reg)
+			if err != nil {
+				log.Error("read metrics", "err", err)
+			}
+			return snap
+		}, func(err error) { log.Error("write stats file", "err", err) })
+		defer stop()
+	}
+	log.Info("relaying", "destinations", relay.Names(cfg.RelayConfig().Destinations), "shards", len(dbs))
+	runRelays(ctx, rs)
+	log.Info("stopped")
+	return nil
+}
+
+// migrateGuard applies idem's own migrations on every shard.
+func migrateGuard(ctx context.Context, dbs Shards) error {
+	for i, pool := range dbs {
+		if _, err := migrations.Apply(ctx, pool); err != nil {
+			if len(dbs) > 1 {
+				return fmt.Errorf("shard %d: %w", i, err)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// newRelays returns a relay per shard, sharing one set of metrics on reg.
+func newRelays(cfg config.Config, dbs Shards, reg prometheus.Registerer, log *slog.Logger, name string) ([]*relay.Relay, error) {
+	rc := cfg.RelayConfig()
+	m, err := relay.NewMetrics(reg, relay.Names(rc.Destinations))
+	if err != nil {
+		return nil, err
+	}
+	var rs []*relay.Relay
+	for i, pool := range dbs {
+		c := rc
+		c.DB, c.Metrics, c.Name, c.Logger = pool, m, name, log
+		if len(dbs) > 1 {
+			c.Name, c.Logger = fmt.Sprintf("%s-shard%d", name, i), log.With("shard", i)
+		}
+		r, err := relay.New(c)
+		if err != nil {
+			return nil, err
+		}
+		rs = append(rs, r)
+	}
+	return rs, nil
+}
+
+// runRelays runs rs until ctx ends.
+func runRelays(ctx context.Context, rs []*relay.Relay) {
+	var wg sync.WaitGroup
+	for _, r := range rs {
+		wg.Go(func() { _ = r.Run(ctx) })
+	}
+	wg.Wait()
+}
+
+// withRelayHealth adds the relays' lines to h's /readyz: ready only if both
+// are.
+func withRelayHealth(h http.Handler, rs []*relay.Relay) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", h)
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		ok, lines := relay.ReadyLines(r.Context(), rs)
+		body := rec.Body.String()
+		code := rec.Code
+		if !ok && code == http.StatusOK {
+			code, body = http.StatusServiceUnavailable, strings.Replace(body, "ready\n", "not ready\n", 1)
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(code)
+		fmt.Fprint(w, body+lines)
+	})
+	return mux
+}
+
+func runOutbox(ctx context.Context, e *Env, args []string) error {
+	const usage = `Usage: idem outbox list [--dead|--pending] [-n N] [--config F]
+       idem outbox replay (--id N[,N…] | --all-dead) [--config F]
+
+list shows outbox rows, oldest first: message ID, event, destination, state,
+attempts and the last error. replay makes dead rows pending again with a
+fresh attempt budget; the relay publishes them with their original message
+IDs, so a receiver that already took one drops it.`
+	if len(args) == 0 || (args[0] != "list" && args[0] != "replay") {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+			fmt.Fprintln(e.Stdout, usage)
+			return nil
+		}
+		fmt.Fprintln(e.Stderr, usage)
+		return ErrUsage
+	}
+	fs := NewFlags(e, "outbox "+args[0], usage)
+	path := fs.String("config", "", "YAML config `file`")
+	dead := fs.Bool("dead", false, "list: only dead rows")
+	pending := fs.Bool("pending", false, "list: only pending rows")
+	n := fs.Int("n", 100, "list: most rows (per shard)")
+	ids := fs.String("id", "", "replay: the rows' ids (the first column of list), separated by commas")
+	all := fs.Bool("all-dead", false, "replay: every dead row")
+	if err := Parse(fs, args[1:]); err != nil {
+		return err
+	}
+	if args[0] == "replay" && (*ids == "") == !*all {
+		return UsageErr(e, "idem outbox replay: give --id or --all-dead, not both or neither")
+	}
+	rowIDs, err := parseIDs(*ids)
+	if err != nil {
+		return UsageErr(e, "idem outbox replay: --id: %v", err)
+	}
+	_, _, dbs, err := e.LoadDB(ctx, *path)
+	if err != nil {
+		return err
+	}
+	defer dbs.Close()
+	if args[0] == "replay" {
+		for i, pool := range dbs {
+			k, err := relay.Replay(ctx, pool, rowIDs)
+			if err != nil {
+				return dbErr(err)
+			}
+			fmt.Fprintf(e.Stdout, "%s%d dead row(s) pending again\n", shardPrefix(dbs, i), k)
+		}
+		return nil
+	}
+	state := ""
+	switch {
+	case *dead && *pending:
+		return UsageErr(e, "idem outbox list: --dead or --pending, not both")
+	case *dead:
+		state = "dead"
+	case *pending:
+		state = "pending"
+	}
+	tw := tabwriter.NewWriter(e.Stdout, 0, 0, 2, ' ', 0)
+	defer tw.Flush()
+	fmt.Fprintln(tw, "ID\tMESSAGE ID\tSCOPE/EVENT\tTO\tKEY\tSTATE\tATTEMPTS\tAGE\tLAST ERROR")
+	for i, pool := range dbs {
+		msgs, err := relay.List(ctx, pool, relay.Filter{State: state, Limit: *n})
+		if err != nil {
+			return dbErr(err)
+		}
+		for _, m := range msgs {
+			fmt.Fprintf(tw, "%s%d\t%s\t%s/%s#%d\t%s\t%s\t%s\t%d\t%s\t%s\n", shardPrefix(dbs, i), m.ID, m.MessageID, m.Scope, m.EventID, m.Index,
+				m.Destination, m.Key, m.State, m.Attempts, time.Since(m.CreatedAt).Round(time.Second), m.LastError)
+		}
+	}
+	return nil
+}
+
+func shardPrefix(dbs Shards, i int) string {
+	if len(dbs) == 1 {
+		return ""
+	}
+	return dbs.name(i) + ": "
+}
+
+func parseIDs(s string) ([]int64, error) {
+	var out []int64
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		v, err := strconv.ParseInt(f, 10, 64)
+		if err != nil || v < 1 {
+			return nil, fmt.Errorf("%q is not a row id", f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// waitForOutbox waits until every database has idem_outbox (the service's
+// start-up migrates), so that a relay started beside a consumer does not
+// log failures meanwhile.
+func waitForOutbox(ctx context.Context, dbs Shards) {
+	for _, pool := range dbs {
+		for ctx.Err() == nil {
+			var present bool
+			if err := pool.QueryRow(ctx, `SELECT to_regclass('idem_outbox') IS NOT NULL`).Scan(&present); err == nil && present {
+				break
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+}
