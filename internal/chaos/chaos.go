@@ -25,9 +25,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/internal/broker"
+	"github.com/idemhq/idem/internal/crashpoint"
 	"github.com/idemhq/idem/internal/loadgen"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/sandbox"
+	"github.com/idemhq/idem/internal/step"
 	"github.com/idemhq/idem/internal/telemetry"
 	"github.com/idemhq/idem/internal/verify"
 )
@@ -57,6 +59,12 @@ type Options struct {
 	Cluster bool
 	// Partitions is the queue partitions of a Cluster run. Defaults to 4.
 	Partitions int
+	// TwoHop adds the second hop: the payments consumers send a
+	// RECEIPT_REQUESTED per payment through the outbox (each runs a
+	// relay), a fleet of Consumers/2 receipts consumers records them and
+	// POSTs each receipt through its own outbox to an API the run serves,
+	// and the verdict checks both hops.
+	TwoHop bool
 	// Progress receives a line per fault and phase.
 	Progress io.Writer
 }
@@ -75,6 +83,11 @@ func (o *Options) validate() error {
 		return fmt.Errorf("chaos: --users must be at least 1, got %d", o.Users)
 	case o.Settle <= 0:
 		return fmt.Errorf("chaos: --settle must be positive, got %s", o.Settle)
+	}
+	for _, k := range TwoHopOnly {
+		if slices.Contains(o.Faults, k) && !o.TwoHop {
+			return fmt.Errorf("chaos: the %s fault needs the second hop (--two-hop)", k)
+		}
 	}
 	if slices.Contains(o.Faults, RabbitKill) && !o.Cluster {
 		return fmt.Errorf("chaos: the %s fault needs --cluster", RabbitKill)
@@ -124,6 +137,8 @@ type run struct {
 	restarts int // pg-restart faults so far: they take the shards in turn
 	appName  string
 	fleet    *consumers
+	hop      *consumers // the receipts consumers of a two-hop run
+	api      *api       // the second hop's HTTP destination
 	inspect  *sandbox.Inspector
 
 	mu       sync.Mutex
@@ -161,17 +176,37 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	}
 
 	distinct := max(1, int(o.Rate*o.Duration.Seconds()/(1+o.DupRatio)))
-	plan := Plan(o.Seed, o.Duration, o.Consumers, o.Faults)
+	slots, steps := o.Consumers, slices.Clone(crashpoint.Steps)
+	if o.TwoHop {
+		slots += r.hopSize()
+		steps = append(steps, step.Relay...)
+	}
+	plan := Plan(o.Seed, o.Duration, slots, o.Faults, steps)
 	r.logf("run %s: %d consumers, %d events + %.0f%% re-sends at %.0f msg/s for %s, %d faults planned, files in %s",
-		r.id, o.Consumers, distinct, o.DupRatio*100, o.Rate, o.Duration, len(plan), o.Dir)
+		r.id, slots, distinct, o.DupRatio*100, o.Rate, o.Duration, len(plan), o.Dir)
 
 	r.t0 = time.Now()
-	fl, err := startConsumers(o, "chaos-"+r.id+"-c", r.consumerEnv(), r.t0)
+	if o.TwoHop {
+		// The receipts fleet first: it declares the receipts stream.
+		ho := o
+		ho.Consumers = r.hopSize()
+		hop, err := startConsumers(ho, "chaos-"+r.id+"-r", r.receiptsEnv(), r.t0)
+		if hop != nil {
+			r.cleanups = append(r.cleanups, hop.KillAll)
+		}
+		if err != nil {
+			return nil, err
+		}
+		r.hop = hop
+	}
+	fl, err := startConsumers(o, "chaos-"+r.id+"-c", r.paymentsEnv(), r.t0)
+	if fl != nil {
+		r.cleanups = append(r.cleanups, fl.KillAll)
+	}
 	if err != nil {
 		return nil, err
 	}
 	r.fleet = fl
-	r.cleanups = append(r.cleanups, r.fleet.KillAll)
 
 	sctx, stopSampling := context.WithCancel(ctx)
 	sampled := make(chan struct{})
@@ -222,6 +257,9 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	res.NotDrained = r.fleet.stop(60 * time.Second)
+	if r.hop != nil {
+		res.NotDrained = append(res.NotDrained, r.hop.stop(60*time.Second)...)
+	}
 	r.logf("fleet stopped")
 	// With no consumer left, whatever was unacked is back to ready: what
 	// is in the queue now is stuck.
@@ -237,6 +275,11 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	if res.DeadLetterQueue, err = r.queueDepth(r.queue + ".dlq"); err != nil {
 		return nil, err
 	}
+	if r.hop != nil {
+		if err := r.judgeSecondHop(ctx, m, res); err != nil {
+			return nil, err
+		}
+	}
 	if res.Verify, err = verify.CheckShards(ctx, r.pools, m); err != nil {
 		return nil, err
 	}
@@ -245,6 +288,10 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	r.mu.Unlock()
 	res.Crashes = r.fleet.crashRecords()
 	res.Restarts = r.fleet.Restarts()
+	if r.hop != nil {
+		res.Crashes = append(res.Crashes, r.hop.crashRecords()...)
+		res.Restarts += r.hop.Restarts()
+	}
 	res.Elapsed = time.Since(r.t0).Round(100 * time.Millisecond).String()
 	res.judge()
 	return res, nil
@@ -302,6 +349,17 @@ func (r *run) startServices(ctx context.Context) error {
 	}
 	if !r.o.Cluster {
 		r.cleanups = append(r.cleanups, func() { _ = sandbox.DeleteQueue(r.o.AMQPURL, r.queue) })
+		if r.o.TwoHop {
+			for _, q := range r.receiptsTopology().Queues() {
+				r.cleanups = append(r.cleanups, func() { _ = sandbox.DeleteQueue(r.o.AMQPURL, q) })
+			}
+		}
+	}
+	if r.o.TwoHop {
+		if r.api, err = startAPI(1500 * time.Millisecond); err != nil {
+			return err
+		}
+		r.cleanups = append(r.cleanups, r.api.close)
 	}
 	r.inspect = sandbox.NewInspector(r.publishURL())
 	r.cleanups = append(r.cleanups, r.inspect.Close)
@@ -338,9 +396,14 @@ func (r *run) consumerEnv() []string {
 	)
 }
 
-// workQueues are the run's work queues: one, or one per partition.
+// workQueues are the run's work queues: one, or one per partition (and
+// the receipts stream's, in a two-hop run).
 func (r *run) workQueues() []string {
-	return broker.Topology{Queue: r.queue, Partitions: r.o.Partitions}.Queues()
+	qs := broker.Topology{Queue: r.queue, Partitions: r.o.Partitions}.Queues()
+	if r.o.TwoHop {
+		qs = append(qs, r.receiptsTopology().Queues()...)
+	}
+	return qs
 }
 
 // workDepth is the ready messages of every work queue.
@@ -383,7 +446,7 @@ func (r *run) settle(ctx context.Context, m loadgen.Manifest) error {
 		if err == nil && rep.Doubled > 0 {
 			return nil
 		}
-		if err == nil && rep.Missing == 0 {
+		if err == nil && rep.Missing == 0 && (r.hop == nil || r.hopSettled(ctx, m)) {
 			left, err := r.workDepth()
 			if err != nil {
 				return err
@@ -411,7 +474,11 @@ func (r *run) settle(ctx context.Context, m loadgen.Manifest) error {
 // stats files last said.
 func (r *run) unacked() int64 {
 	var n int64
-	for _, p := range r.fleet.Procs() {
+	procs := r.fleet.Procs()
+	if r.hop != nil {
+		procs = append(procs, r.hop.Procs()...)
+	}
+	for _, p := range procs {
 		select {
 		case <-p.Done():
 			continue // its deliveries went back to the queue when it died

@@ -70,10 +70,20 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 	}
 	switch p.Kind {
 	case ConsumerKill:
-		return "SIGKILL " + r.fleet.kill(p.Slot), nil
+		fl, slot := r.slot(p.Slot)
+		return "SIGKILL " + fl.kill(slot), nil
 	case CrashPoint:
-		name, err := r.fleet.arm(p.Slot, p.Step, p.After)
+		fl, slot := r.slot(p.Slot)
+		name, err := fl.arm(slot, p.Step, p.After)
 		return fmt.Sprintf("%s armed to SIGKILL itself at %s (pass %d)", name, p.Step, p.After), err
+	case HTTPFail, HTTPSlow:
+		r.api.set(p.Kind == HTTPFail, p.Kind == HTTPSlow)
+		hold()
+		r.api.set(false, false)
+		if p.Kind == HTTPFail {
+			return fmt.Sprintf("the API answered 503 for %s", p.For), nil
+		}
+		return fmt.Sprintf("the API answered after %s (past the relays' 1s timeout) for %s", r.api.slow, p.For), nil
 	case RedisKill:
 		node, what := r.redisTarget(ctx)
 		node.Kill()
@@ -132,7 +142,8 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 		// double the fault's time (one rabbitmqctl run each) and delay
 		// the faults behind it.
 		consuming := func(name string) bool {
-			return strings.HasPrefix(name, r.fleet.prefix) && !strings.HasSuffix(name, broker.PublishingConnectionSuffix)
+			ours := strings.HasPrefix(name, r.fleet.prefix) || (r.hop != nil && strings.HasPrefix(name, r.hop.prefix))
+			return ours && !strings.HasSuffix(name, broker.PublishingConnectionSuffix)
 		}
 		n, err := sandbox.CloseConnectionsWhere(node, consuming, "idem-lab chaos: amqp-close fault")
 		if err == nil && n == 0 {
@@ -146,6 +157,15 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 		return fmt.Sprintf("rabbitmq node %s killed, down for %s", node.Name, p.For), node.Start(2 * time.Minute)
 	}
 	return "", fmt.Errorf("unknown fault kind %q", p.Kind)
+}
+
+// slot maps a planned slot to its fleet: the payments consumers first, then
+// the receipts consumers of a two-hop run.
+func (r *run) slot(s int) (*consumers, int) {
+	if r.hop != nil && s >= r.o.Consumers {
+		return r.hop, s - r.o.Consumers
+	}
+	return r.fleet, s % r.o.Consumers
 }
 
 // redisTarget is the Redis a fault hits: the run's redis-server, or a

@@ -44,6 +44,13 @@ type Result struct {
 	DeadLetterQueue int              `json:"deadLetterQueue"`
 	NotDrained      []string         `json:"notDrained"` // consumers that did not exit cleanly on SIGTERM
 
+	// Hop is the second hop of a two-hop run; nil without one.
+	Hop *SecondHop `json:"secondHop,omitempty"`
+	// HopOutcomes sums the receipts consumers' counts, RelayOutcomes the
+	// relays' of both fleets (outbox/sent, outbox/retry, outbox/dead).
+	HopOutcomes   map[string]int64 `json:"hopOutcomes,omitempty"`
+	RelayOutcomes map[string]int64 `json:"relayOutcomes,omitempty"`
+
 	Planned  []Planned     `json:"planned"`
 	Faults   []Fault       `json:"faults"`
 	Crashes  []CrashRecord `json:"crashes"`
@@ -75,8 +82,9 @@ func breakerState(st map[string]int64) string {
 	return "closed"
 }
 
-func (res *Result) collect(procs []*fleet.Proc) {
-	res.Outcomes = map[string]int64{}
+// sumStats sums the processes' last counts.
+func sumStats(procs []*fleet.Proc) map[string]int64 {
+	out := map[string]int64{}
 	for _, p := range procs {
 		st, err := p.Stats()
 		if err != nil {
@@ -84,10 +92,15 @@ func (res *Result) collect(procs []*fleet.Proc) {
 		}
 		for k, v := range st {
 			if k != telemetry.GaugeUnacked {
-				res.Outcomes[k] += v
+				out[k] += v
 			}
 		}
 	}
+	return out
+}
+
+func (res *Result) collect(procs []*fleet.Proc) {
+	res.Outcomes = sumStats(procs)
 	res.Deliveries = deliveries(res.Outcomes)
 	res.DeadLettered, res.Requeued, res.Breaker = map[string]int64{}, map[string]int64{}, map[string]int64{}
 	for k, v := range res.Outcomes {
@@ -130,6 +143,7 @@ func (res *Result) judge() {
 	add(res.LeftInQueue > 0, "%d messages stuck in the queue", res.LeftInQueue)
 	add(res.DeadLetterQueue > 0, "%d messages in the dead-letter queue", res.DeadLetterQueue)
 	add(len(res.NotDrained) > 0, "consumers did not drain on SIGTERM: %s", strings.Join(res.NotDrained, "; "))
+	res.judgeHop(add)
 	for _, f := range res.Faults {
 		add(f.Err != "", "fault %s at %.1fs could not be injected: %s", f.Kind, f.Start, f.Err)
 	}
@@ -197,9 +211,14 @@ func (res *Result) Print(w io.Writer) {
 	}
 	row("left in queue", res.LeftInQueue)
 	row("in dead-letter queue", res.DeadLetterQueue)
+	res.printHop(&t)
 	t.print(w)
 	fmt.Fprintln(w)
 	if res.OK {
+		if res.Hop != nil {
+			fmt.Fprintln(w, "PASS: every payment applied exactly once, every receipt recorded once and acted on once by the API, nothing lost, nothing stuck")
+			return
+		}
 		fmt.Fprintln(w, "PASS: every event applied exactly once, nothing lost, nothing stuck")
 		return
 	}

@@ -6,8 +6,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/idemhq/idem/internal/crashpoint"
 )
 
 // Kind names a fault.
@@ -27,6 +25,8 @@ const (
 	PGRestart    Kind = "pg-restart"    // stop the run's Postgres in immediate mode, start it later
 	AMQPClose    Kind = "amqp-close"    // close the consumers' broker connections, by connection name
 	RabbitKill   Kind = "rabbit-kill"   // --cluster: SIGKILL the RabbitMQ node leading a partition queue, restart it later
+	HTTPFail     Kind = "http-fail"     // two hops: the API answers 503 for a while
+	HTTPSlow     Kind = "http-slow"     // two hops: the API answers after the relays gave up on it, for a while
 )
 
 // Describe says what each kind does, for --help.
@@ -42,11 +42,17 @@ var Describe = map[Kind]string{
 	PGRestart:    "stop the run's PostgreSQL in immediate mode, start it seconds later",
 	AMQPClose:    "close the consumers' broker connections, found by connection name",
 	RabbitKill:   "--cluster only: SIGKILL the RabbitMQ node that leads a partition queue, restart it seconds later",
+	HTTPFail:     "second hop: the API answers 503 for seconds",
+	HTTPSlow:     "second hop: the API acts on each request but answers only after the relay's timeout, for seconds",
 }
 
 // Kinds lists every fault kind.
 var Kinds = []Kind{ConsumerKill, CrashPoint, RedisKill, RedisPause, RedisSlow, RedisFlush,
-	RedisEvict, PGTerminate, PGRestart, AMQPClose, RabbitKill}
+	RedisEvict, PGTerminate, PGRestart, AMQPClose, RabbitKill, HTTPFail, HTTPSlow}
+
+// TwoHopOnly are the kinds that need the second hop: "all" leaves them out
+// of a run without it.
+var TwoHopOnly = []Kind{HTTPFail, HTTPSlow}
 
 // ClusterOnly are the kinds that need --cluster: "all" leaves them out of a
 // run on one node.
@@ -55,10 +61,13 @@ var ClusterOnly = []Kind{RabbitKill}
 func (k Kind) consumerFault() bool { return k == ConsumerKill || k == CrashPoint }
 
 // ParseKinds parses a comma-separated list of kinds; "all" is every kind
-// (but the ClusterOnly ones unless cluster is set).
-func ParseKinds(s string, cluster bool) ([]Kind, error) {
+// (but the ClusterOnly ones unless cluster is set, and the TwoHopOnly ones
+// unless twoHop is).
+func ParseKinds(s string, cluster, twoHop bool) ([]Kind, error) {
 	if s == "" || s == "all" {
-		return slices.DeleteFunc(slices.Clone(Kinds), func(k Kind) bool { return !cluster && slices.Contains(ClusterOnly, k) }), nil
+		return slices.DeleteFunc(slices.Clone(Kinds), func(k Kind) bool {
+			return (!cluster && slices.Contains(ClusterOnly, k)) || (!twoHop && slices.Contains(TwoHopOnly, k))
+		}), nil
 	}
 	var out []Kind
 	for _, f := range strings.Split(s, ",") {
@@ -94,11 +103,13 @@ type Planned struct {
 }
 
 // Plan draws the fault schedule of a run from its seed: two tracks over
-// the first 85% of the publishing time. The consumer track kills consumers,
-// and arms crash points in turn at every named step. The infrastructure
-// track runs one fault at a time, every enabled kind once per round in a
-// shuffled order, for as many rounds as fit (at least one).
-func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind) []Planned {
+// the first 85% of the publishing time. The consumer track kills consumers
+// (slots 0 to consumers-1), and arms crash points in turn at every one of
+// steps. The infrastructure track runs one fault at a time, every enabled
+// kind once per round in a shuffled order, for as many rounds as fit (at
+// least one).
+func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []string) []Planned {
+	allSteps := steps
 	rng := rand.New(rand.NewPCG(seed, 0xc4a05))
 	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo)+1)) }
 	var plan []Planned
@@ -114,7 +125,13 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind) []Planned {
 		}
 	}
 	if len(cons) > 0 {
-		n := max(len(crashpoint.Steps)+2, int((end-start)/(6*time.Second)))
+		// Every third fault is a plain kill: enough faults that the
+		// crash points cover every step.
+		n := len(allSteps)
+		for n-(n+1)/3 < len(allSteps) {
+			n++
+		}
+		n = max(n, int((end-start)/(6*time.Second)))
 		gap := (end - start) / time.Duration(n)
 		var steps []string
 		slot := -1
@@ -134,9 +151,7 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind) []Planned {
 			}
 			if p.Kind == CrashPoint {
 				if len(steps) == 0 {
-					for _, s := range crashpoint.Steps {
-						steps = append(steps, string(s))
-					}
+					steps = slices.Clone(allSteps)
 					rng.Shuffle(len(steps), func(i, j int) { steps[i], steps[j] = steps[j], steps[i] })
 				}
 				p.Step, steps = steps[0], steps[1:]
@@ -169,7 +184,7 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind) []Planned {
 			}
 			p := Planned{Kind: k, At: at}
 			switch k {
-			case RedisKill, RedisEvict, PGRestart, RabbitKill:
+			case RedisKill, RedisEvict, PGRestart, RabbitKill, HTTPFail, HTTPSlow:
 				p.For = between(2*time.Second, 6*time.Second)
 			case RedisPause:
 				p.For = between(500*time.Millisecond, 3*time.Second)

@@ -10,9 +10,9 @@ import (
 )
 
 func TestPlanIsSeededAndCoversEveryKind(t *testing.T) {
-	a := Plan(7, 40*time.Second, 4, Kinds)
-	require.Equal(t, a, Plan(7, 40*time.Second, 4, Kinds), "the same seed must give the same schedule")
-	require.NotEqual(t, a, Plan(8, 40*time.Second, 4, Kinds))
+	a := Plan(7, 40*time.Second, 4, Kinds, crashpoint.Steps)
+	require.Equal(t, a, Plan(7, 40*time.Second, 4, Kinds, crashpoint.Steps), "the same seed must give the same schedule")
+	require.NotEqual(t, a, Plan(8, 40*time.Second, 4, Kinds, crashpoint.Steps))
 
 	kinds, steps := map[Kind]int{}, map[string]int{}
 	last := -1
@@ -39,10 +39,10 @@ func TestPlanIsSeededAndCoversEveryKind(t *testing.T) {
 }
 
 func TestPlanOnlyTheKindsAsked(t *testing.T) {
-	for _, p := range Plan(1, time.Minute, 3, []Kind{RedisFlush}) {
+	for _, p := range Plan(1, time.Minute, 3, []Kind{RedisFlush}, crashpoint.Steps) {
 		require.Equal(t, RedisFlush, p.Kind)
 	}
-	long := Plan(1, 10*time.Minute, 3, []Kind{RedisKill, ConsumerKill})
+	long := Plan(1, 10*time.Minute, 3, []Kind{RedisKill, ConsumerKill}, crashpoint.Steps)
 	n := map[Kind]int{}
 	for _, p := range long {
 		n[p.Kind]++
@@ -57,7 +57,7 @@ func TestRabbitKillEndsEachRound(t *testing.T) {
 	kinds := []Kind{RedisKill, PGRestart, PGTerminate, RabbitKill, ConsumerKill}
 	for seed := range uint64(50) {
 		var infra []Kind
-		for _, p := range Plan(seed, 40*time.Second, 3, kinds) {
+		for _, p := range Plan(seed, 40*time.Second, 3, kinds, crashpoint.Steps) {
 			if !p.Kind.consumerFault() {
 				infra = append(infra, p.Kind)
 			}
@@ -67,17 +67,21 @@ func TestRabbitKillEndsEachRound(t *testing.T) {
 }
 
 func TestParseKinds(t *testing.T) {
-	all, err := ParseKinds("all", false)
+	all, err := ParseKinds("all", false, false)
 	require.NoError(t, err)
-	require.Equal(t, Kinds[:len(Kinds)-1], all, "all but the cluster-only kinds")
+	require.Equal(t, Kinds[:len(Kinds)-3], all, "all but the cluster-only and two-hop kinds")
 	require.NotContains(t, all, RabbitKill)
-	all, err = ParseKinds("all", true)
+	all, err = ParseKinds("all", true, true)
 	require.NoError(t, err)
 	require.Equal(t, Kinds, all)
-	got, err := ParseKinds("redis-kill, pg-restart,redis-kill", false)
+	all, err = ParseKinds("all", false, true)
+	require.NoError(t, err)
+	require.Contains(t, all, HTTPFail)
+	require.NotContains(t, all, RabbitKill)
+	got, err := ParseKinds("redis-kill, pg-restart,redis-kill", false, false)
 	require.NoError(t, err)
 	require.Equal(t, []Kind{RedisKill, PGRestart}, got)
-	_, err = ParseKinds("redis-kill,meteor", false)
+	_, err = ParseKinds("redis-kill,meteor", false, false)
 	require.ErrorContains(t, err, `unknown fault kind "meteor"`)
 }
 

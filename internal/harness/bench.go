@@ -3,6 +3,7 @@ package harness
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -46,6 +47,7 @@ every postgres, beam.smp and redis-server process.`)
 	dir := fs.String("dir", "", "worker logs go here (default: a temporary directory)")
 	profile := fs.Bool("profile", false, "write a CPU profile of each worker into --dir")
 	render := fs.String("render", "", "run nothing: print the table (and write --svg) from the JSON `file` of an earlier run")
+	outboxRows := fs.Bool("outbox", false, "run the outbox rows instead: relay throughput with confirms (one and two relays, --events rows prefilled), commit-to-delivery latency and the two-hop pipeline's latency at --rate (default 2000 with --outbox) for --latency-for")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -75,6 +77,17 @@ every postgres, beam.smp and redis-server process.`)
 		}
 	} else if err := os.MkdirAll(*dir, 0o755); err != nil {
 		return err
+	}
+	if *outboxRows {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["rate"] {
+			*rate = 2000
+		}
+		return runOutboxBench(ctx, e, bench.OutboxOptions{
+			Bin: bin, Dir: *dir, AMQPURL: cfg.AMQPURL, DatabaseURL: cfg.DatabaseURL, RedisURL: cfg.RedisURL,
+			Messages: *events, Rate: *rate, LatencyFor: *latencyFor, Runs: *runs, Progress: e.Stderr,
+		}, *jsonPath)
 	}
 	var only []string
 	for _, r := range strings.Split(*rows, ";") {
@@ -129,4 +142,33 @@ func writeChart(path string, results []bench.Result) error {
 	}
 	bench.Chart(f, results)
 	return f.Close()
+}
+
+// runOutboxBench runs and prints the outbox rows.
+func runOutboxBench(ctx context.Context, e *cli.Env, o bench.OutboxOptions, jsonPath string) error {
+	fmt.Fprintf(e.Stdout, "idem-lab bench --outbox: %d prefilled rows per throughput run, %.0f msg/s for %s per latency run, %d run(s) each; logs in %s\n",
+		o.Messages, o.Rate, o.LatencyFor, o.Runs, o.Dir)
+	results, err := bench.RunOutbox(ctx, o)
+	if len(results) > 0 {
+		fmt.Fprintln(e.Stdout)
+		bench.PrintOutbox(e.Stdout, results)
+	}
+	if err != nil {
+		return err
+	}
+	if jsonPath != "" {
+		b, err := json.MarshalIndent(results, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(jsonPath, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	for _, r := range results {
+		if r.Lost > 0 || r.Doubled > 0 {
+			return fmt.Errorf("bench: %s: %d lost and %d doubled", r.Row, r.Lost, r.Doubled)
+		}
+	}
+	return nil
 }

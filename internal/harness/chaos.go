@@ -17,9 +17,14 @@ func runChaos(ctx context.Context, e *cli.Env, args []string) error {
 drawn from the seed hits it: consumers SIGKILLed and armed to die at every
 named crash point; the run's own Redis killed, paused, slowed, flushed and
 made to evict; the consumers' Postgres sessions terminated and the run's own
-Postgres restarted; the consumers' broker connections closed by name.
+Postgres restarted; the consumers' broker connections closed by name. With
+the second hop (the default), every payment also sends a RECEIPT_REQUESTED
+through the outbox to a fleet of receipts consumers, which POST each receipt
+through theirs to an API the run serves; every consumer runs a relay, crash
+points include the relay's, and the API fails and answers slowly for a while.
 
-Then it checks every event was applied exactly once and nothing is stuck,
+Then it checks every event was applied exactly once (and every receipt
+recorded once, and every receipt's POST acted on once) and nothing is stuck,
 prints the verdict, and writes chaos.json (numbers and timeline) and
 chaos.html (a timeline chart with the fault windows and breaker state) to
 --dir. Exits 1 if anything was doubled, lost or stuck, or a fault could not
@@ -44,13 +49,14 @@ and the Redis faults hit a master. Fault kinds:
 	dir := fs.String("dir", "", "directory for logs, chaos.json and chaos.html (default: a new temp dir)")
 	cluster := fs.Bool("cluster", false, "run on a Redis Cluster, a 3-node RabbitMQ cluster with partitioned queues and 2 PostgreSQL shards of the run's own, adding rabbit-kill")
 	partitions := fs.Int("partitions", 0, "queue partitions of a --cluster run (default 4)")
+	twoHop := fs.Bool("two-hop", true, "add the second hop: payments send a RECEIPT_REQUESTED each through the outbox (every consumer runs a relay), receipts consumers record them and POST each to an API the run serves; the verdict checks both hops")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *seed == 0 {
 		*seed = uint64(time.Now().UnixNano())
 	}
-	kinds, err := chaos.ParseKinds(*faults, *cluster)
+	kinds, err := chaos.ParseKinds(*faults, *cluster, *twoHop)
 	if err != nil {
 		fmt.Fprintf(e.Stderr, "idem-lab chaos: --faults: %v\n", err)
 		return cli.ErrUsage
@@ -77,7 +83,7 @@ and the Redis faults hit a master. Fault kinds:
 	res, err := chaos.Run(ctx, chaos.Options{
 		Bin: bin, Dir: *dir, AMQPURL: cfg.AMQPURL, Consumers: *consumers, Duration: *duration, Rate: *rate,
 		DupRatio: *dup, Users: *users, Seed: *seed, Faults: kinds, Settle: *settle, ConfigPath: *path,
-		Cluster: *cluster, Partitions: *partitions, Progress: e.Stderr,
+		Cluster: *cluster, Partitions: *partitions, TwoHop: *twoHop, Progress: e.Stderr,
 	})
 	if err != nil {
 		return err

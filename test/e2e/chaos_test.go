@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/idemhq/idem/internal/chaos"
 	"github.com/idemhq/idem/internal/crashpoint"
+	"github.com/idemhq/idem/internal/step"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
 )
@@ -54,7 +56,7 @@ func TestChaosCI(t *testing.T) {
 	res, dir := runChaos(t, "--duration", "40s", "--rate", "200", "--consumers", "4")
 	require.Greater(t, res.Published, res.Distinct, "the stream must carry re-sends")
 	counts := res.FaultCounts()
-	kinds, err := chaos.ParseKinds("all", false)
+	kinds, err := chaos.ParseKinds("all", false, true)
 	require.NoError(t, err)
 	for _, k := range kinds {
 		require.Positive(t, counts[k], "fault %s never injected", k)
@@ -63,9 +65,13 @@ func TestChaosCI(t *testing.T) {
 	for _, c := range res.Crashes {
 		died[c.Step] = true
 	}
-	for _, s := range crashpoint.Steps {
+	for _, s := range slices.Concat(crashpoint.Steps, step.Relay) {
 		require.True(t, died[string(s)], "no consumer died at crash point %s", s)
 	}
+	require.NotNil(t, res.Hop, "the second hop runs by default")
+	require.Equal(t, res.Distinct, res.Hop.Distinct, "every payment has its receipt")
+	require.Equal(t, res.Distinct, res.Hop.APIKeys, "and the API acted on every receipt")
+	require.Positive(t, res.RelayOutcomes["outbox/retry"], "the API's failures must have made relays retry")
 	require.Positive(t, res.Breaker["closed->open"], "the Redis faults must have opened a breaker")
 	require.Positive(t, res.Outcomes["duplicate_postgres"], "Postgres must have caught duplicates")
 	require.Positive(t, res.Outcomes["count/"+wire.CounterReconnect], "closed broker connections must show as reconnects")

@@ -1,0 +1,307 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/internal/broker"
+	"github.com/idemhq/idem/internal/loadgen"
+	"github.com/idemhq/idem/pkg/outbox"
+)
+
+// The second hop of a --two-hop run: every payment sends a RECEIPT_REQUESTED
+// through the payments consumers' outbox to the receipts stream; a fleet of
+// receipts consumers records each in receipts and POSTs it, through their
+// own outbox, to an API the run serves. Every consumer of both fleets also
+// runs a relay (outbox.relay), so killing a consumer kills a relay.
+
+// Scopes of the two hops, as the message IDs derive from them.
+const (
+	paymentsScope = "payments"
+	receiptsScope = "receipts"
+)
+
+// api is the HTTP destination of the second hop. It records every request
+// by its Idempotency-Key and acts on a key the first time only, as an API
+// that honours the key does; during an http-fail fault it answers 503, and
+// during http-slow it answers after slow (past the relays' publish
+// timeout, so that they give up on requests it acts on).
+type api struct {
+	srv  *http.Server
+	url  string
+	slow time.Duration
+
+	mu      sync.Mutex
+	seen    map[string]int
+	failing bool
+	slowing bool
+}
+
+func startAPI(slow time.Duration) (*api, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	a := &api{url: "http://" + ln.Addr().String() + "/receipts", slow: slow, seen: map[string]int{}}
+	a.srv = &http.Server{Handler: a, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = a.srv.Serve(ln) }()
+	return a, nil
+}
+
+func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	key := r.Header.Get("Idempotency-Key")
+	a.mu.Lock()
+	failing, slowing := a.failing, a.slowing
+	if !failing && key != "" {
+		a.seen[key]++ // acted on the first time; every later time only answered
+	}
+	a.mu.Unlock()
+	switch {
+	case failing:
+		w.WriteHeader(http.StatusServiceUnavailable)
+	case slowing:
+		time.Sleep(a.slow)
+	}
+}
+
+func (a *api) set(failing, slowing bool) {
+	a.mu.Lock()
+	a.failing, a.slowing = failing, slowing
+	a.mu.Unlock()
+}
+
+func (a *api) keys() map[string]int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]int, len(a.seen))
+	for k, v := range a.seen {
+		out[k] = v
+	}
+	return out
+}
+
+func (a *api) close() { _ = a.srv.Close() }
+
+// SecondHop is the verdict's second hop: receipts and the API's requests.
+type SecondHop struct {
+	Receipts        int `json:"receipts"`        // rows in receipts
+	Distinct        int `json:"distinct"`        // payments with a receipt
+	Doubled         int `json:"doubled"`         // payments with more than one receipt
+	Missing         int `json:"missing"`         // applied payments without a receipt
+	Phantom         int `json:"phantom"`         // receipts for payments that were never applied
+	WrongID         int `json:"wrongId"`         // receipts whose event ID is not their payment's message ID
+	APIKeys         int `json:"apiKeys"`         // Idempotency-Keys the API acted on
+	APIRepeats      int `json:"apiRepeats"`      // keys it was sent more than once (and acted on once)
+	APIMissing      int `json:"apiMissing"`      // receipts whose POST never arrived
+	APIPhantom      int `json:"apiPhantom"`      // keys that are no receipt's
+	OutboxPending   int `json:"outboxPending"`   // rows never sent
+	OutboxDead      int `json:"outboxDead"`      // rows that failed for good
+	LeftInQueue     int `json:"leftInQueue"`     // receipts stream, at the end
+	DeadLetterQueue int `json:"deadLetterQueue"` // receipts stream's DLQ
+}
+
+// receiptsTopology is the receipts stream: partitioned like the payments
+// stream.
+func (r *run) receiptsTopology() broker.Topology {
+	t := broker.TopologyFor(r.queue+".receipts", 0)
+	t.Partitions = max(1, r.o.Partitions)
+	return t
+}
+
+// hopEnv is what the two-hop run adds to the payments consumers' env.
+func (r *run) hopEnv() []string {
+	t := r.receiptsTopology()
+	return []string{
+		"IDEM_OUTBOX_EMIT=receipts",
+		"IDEM_OUTBOX_RELAY=true",
+		fmt.Sprintf("IDEM_OUTBOX_DESTINATIONS=receipts=queue:%s/%d mailer=%s", t.Queue, t.Partitions, r.api.url),
+		"IDEM_OUTBOX_POLL_INTERVAL=200ms",
+		"IDEM_OUTBOX_BACKOFF_MIN=100ms",
+		"IDEM_OUTBOX_BACKOFF_MAX=2s",
+		"IDEM_OUTBOX_MAX_ATTEMPTS=200",
+		"IDEM_OUTBOX_PUBLISH_TIMEOUT=1s",
+	}
+}
+
+// hopSize is the receipts fleet's size.
+func (r *run) hopSize() int { return max(1, r.o.Consumers/2) }
+
+// paymentsEnv is the payments consumers' env.
+func (r *run) paymentsEnv() []string {
+	if !r.o.TwoHop {
+		return r.consumerEnv()
+	}
+	return append(r.consumerEnv(), r.hopEnv()...)
+}
+
+// receiptsEnv is the receipts consumers' env.
+func (r *run) receiptsEnv() []string {
+	return append(append(r.consumerEnv(), r.hopEnv()...),
+		"IDEM_HANDLER=receipts",
+		"IDEM_SCOPE="+receiptsScope,
+		"IDEM_QUEUE="+r.receiptsTopology().Queue,
+		"IDEM_OUTBOX_EMIT=mailer",
+	)
+}
+
+// secondHop checks the second hop against the manifest.
+func (r *run) secondHop(ctx context.Context, m loadgen.Manifest) (SecondHop, error) {
+	var h SecondHop
+	rows := map[string][]string{} // payment -> receipt event IDs
+	for _, pool := range r.pools {
+		if err := readReceipts(ctx, pool, rows); err != nil {
+			return h, err
+		}
+		var pending, dead int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'dead') FROM idem_outbox`).Scan(&pending, &dead); err != nil {
+			return h, err
+		}
+		h.OutboxPending += pending
+		h.OutboxDead += dead
+	}
+	keys := r.api.keys()
+	published := make(map[string]bool, len(m.Events))
+	for _, ev := range m.Events {
+		published[ev.EventID] = true
+	}
+	want := map[string]bool{} // the API keys receipts should have sent
+	for payment, ids := range rows {
+		h.Receipts += len(ids)
+		h.Distinct++
+		if len(ids) > 1 {
+			h.Doubled++
+		}
+		if !published[payment] {
+			h.Phantom++
+		}
+		for _, id := range ids {
+			if id != outbox.ID(paymentsScope, payment, 0) {
+				h.WrongID++
+			}
+			want[outbox.ID(receiptsScope, id, 0)] = true
+		}
+	}
+	for payment := range published {
+		if _, ok := rows[payment]; !ok {
+			h.Missing++
+		}
+	}
+	for k := range want {
+		if keys[k] == 0 {
+			h.APIMissing++
+		}
+	}
+	for k, n := range keys {
+		h.APIKeys++
+		if n > 1 {
+			h.APIRepeats++
+		}
+		if !want[k] {
+			h.APIPhantom++
+		}
+	}
+	return h, nil
+}
+
+func readReceipts(ctx context.Context, pool *pgxpool.Pool, into map[string][]string) error {
+	rs, err := pool.Query(ctx, `SELECT payment_id, event_id FROM receipts`)
+	if err != nil {
+		return err
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var payment, id string
+		if err := rs.Scan(&payment, &id); err != nil {
+			return err
+		}
+		into[payment] = append(into[payment], id)
+	}
+	return rs.Err()
+}
+
+// hopSettled reports whether the second hop has caught up: every applied
+// payment has its receipt, the API has every receipt's key, and no outbox
+// row is pending.
+func (r *run) hopSettled(ctx context.Context, m loadgen.Manifest) bool {
+	h, err := r.secondHop(ctx, m)
+	return err == nil && h.Missing == 0 && h.APIMissing == 0 && h.OutboxPending == 0
+}
+
+// judgeHop adds the second hop's problems.
+func (res *Result) judgeHop(add func(cond bool, format string, args ...any)) {
+	h := res.Hop
+	if h == nil {
+		return
+	}
+	add(h.Doubled > 0, "%d payments have more than one receipt", h.Doubled)
+	add(h.Missing > 0, "%d payments have no receipt", h.Missing)
+	add(h.Phantom > 0, "%d receipts for payments never published", h.Phantom)
+	add(h.WrongID > 0, "%d receipts whose event ID is not their payment's message ID", h.WrongID)
+	add(h.APIMissing > 0, "%d receipts never reached the API", h.APIMissing)
+	add(h.APIPhantom > 0, "%d API keys belong to no receipt", h.APIPhantom)
+	add(h.OutboxPending > 0, "%d outbox rows never sent", h.OutboxPending)
+	add(h.OutboxDead > 0, "%d outbox rows dead", h.OutboxDead)
+	add(h.LeftInQueue > 0, "%d messages stuck in the receipts stream", h.LeftInQueue)
+	add(h.DeadLetterQueue > 0, "%d messages in the receipts stream's dead-letter queue", h.DeadLetterQueue)
+}
+
+// printHop adds the second hop's rows to the verdict table.
+func (res *Result) printHop(t *table) {
+	h := res.Hop
+	if h == nil {
+		return
+	}
+	t.head("SECOND HOP (payment → outbox → receipts → outbox → API)")
+	t.row("receipts consumers: applied", res.HopOutcomes["processed"])
+	t.row("receipts consumers: duplicates dropped", res.HopOutcomes["duplicate_redis"]+res.HopOutcomes["duplicate_postgres"]+res.HopOutcomes["duplicate_batch"])
+	t.row("relays: sent / retried / dead", fmt.Sprintf("%d / %d / %d", res.RelayOutcomes["outbox/sent"], res.RelayOutcomes["outbox/retry"], res.RelayOutcomes["outbox/dead"]))
+	t.row("receipts", h.Receipts)
+	t.row("payments with a receipt", h.Distinct)
+	t.row("payments with two or more", h.Doubled)
+	t.row("payments without one", h.Missing)
+	t.row("receipts for no payment", h.Phantom)
+	t.row("API keys acted on (once each)", h.APIKeys)
+	t.row("API keys sent again (same key)", h.APIRepeats)
+	t.row("receipts the API never got", h.APIMissing)
+	t.row("outbox rows pending / dead", fmt.Sprintf("%d / %d", h.OutboxPending, h.OutboxDead))
+	t.row("receipts stream left / DLQ", fmt.Sprintf("%d / %d", h.LeftInQueue, h.DeadLetterQueue))
+}
+
+// judgeSecondHop fills in res's second hop, once both fleets stopped.
+func (r *run) judgeSecondHop(ctx context.Context, m loadgen.Manifest, res *Result) error {
+	h, err := r.secondHop(ctx, m)
+	if err != nil {
+		return err
+	}
+	t := r.receiptsTopology()
+	for _, q := range t.Queues() {
+		n, err := r.queueDepth(q)
+		if err != nil {
+			return err
+		}
+		h.LeftInQueue += n
+	}
+	if h.DeadLetterQueue, err = r.queueDepth(t.DeadLetterQueue); err != nil {
+		return err
+	}
+	res.Hop = &h
+	res.HopOutcomes = sumStats(r.hop.Procs())
+	res.RelayOutcomes = map[string]int64{}
+	for _, st := range []map[string]int64{res.Outcomes, res.HopOutcomes} {
+		for k, v := range st {
+			if strings.HasPrefix(k, "outbox/") {
+				res.RelayOutcomes[k] += v
+			}
+		}
+	}
+	return nil
+}
