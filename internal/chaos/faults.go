@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -21,20 +22,23 @@ type Fault struct {
 	Err    string  `json:"error,omitempty"` // the fault could not be injected
 }
 
-// inject runs the plan: the consumer track and the infrastructure track
-// each on their own goroutine, every fault at its planned time or, if the
+// inject runs the plan: the consumer, infrastructure and API tracks each
+// on their own goroutine, every fault at its planned time or, if the
 // track is late, at once.
 func (r *run) inject(ctx context.Context, plan []Planned) {
-	var cons, infra []Planned
+	var cons, infra, api []Planned
 	for _, p := range plan {
-		if p.Kind.consumerFault() {
+		switch {
+		case p.Kind.consumerFault():
 			cons = append(cons, p)
-		} else {
+		case slices.Contains(TwoHopOnly, p.Kind):
+			api = append(api, p)
+		default:
 			infra = append(infra, p)
 		}
 	}
 	var wg sync.WaitGroup
-	for _, track := range [][]Planned{cons, infra} {
+	for _, track := range [][]Planned{cons, infra, api} {
 		wg.Go(func() {
 			for _, p := range track {
 				select {

@@ -102,12 +102,13 @@ type Planned struct {
 	Lag   time.Duration `json:"lag,omitempty"` // redis-slow: how late Redis answers
 }
 
-// Plan draws the fault schedule of a run from its seed: two tracks over
+// Plan draws the fault schedule of a run from its seed: three tracks over
 // the first 85% of the publishing time. The consumer track kills consumers
 // (slots 0 to consumers-1), and arms crash points in turn at every one of
 // steps. The infrastructure track runs one fault at a time, every enabled
 // kind once per round in a shuffled order, for as many rounds as fit (at
-// least one).
+// least one). The API track (second hop) takes its kinds in turn, about one
+// every 15 seconds.
 func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []string) []Planned {
 	allSteps := steps
 	rng := rand.New(rand.NewPCG(seed, 0xc4a05))
@@ -161,10 +162,28 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []str
 		}
 	}
 
+	// The API's track: its faults touch nothing the infrastructure track
+	// does, so they run beside it, spread over the stream.
+	var api []Kind
+	for _, k := range kinds {
+		if slices.Contains(TwoHopOnly, k) {
+			api = append(api, k)
+		}
+	}
+	if len(api) > 0 {
+		n := max(len(api), int((end-start)/(15*time.Second)))
+		gap := (end - start) / time.Duration(n)
+		for i := range n {
+			p := Planned{Kind: api[i%len(api)], At: start + time.Duration(i)*gap + between(0, gap/3)}
+			p.For = between(2*time.Second, min(5*time.Second, gap/2))
+			plan = append(plan, p)
+		}
+	}
+
 	// Infrastructure track.
 	var infra []Kind
 	for _, k := range kinds {
-		if !k.consumerFault() {
+		if !k.consumerFault() && !slices.Contains(TwoHopOnly, k) {
 			infra = append(infra, k)
 		}
 	}
@@ -184,7 +203,7 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []str
 			}
 			p := Planned{Kind: k, At: at}
 			switch k {
-			case RedisKill, RedisEvict, PGRestart, RabbitKill, HTTPFail, HTTPSlow:
+			case RedisKill, RedisEvict, PGRestart, RabbitKill:
 				p.For = between(2*time.Second, 6*time.Second)
 			case RedisPause:
 				p.For = between(500*time.Millisecond, 3*time.Second)
