@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/payments"
@@ -34,7 +35,8 @@ type Approach interface {
 }
 
 // Approaches names every approach in the order the comparison prints them.
-var Approaches = []string{"table-check", "redis-check-set", "pg-unique", "broker-only", "idem", "redis-claim-first"}
+var Approaches = []string{"table-check", "redis-check-set", "pg-unique", "broker-only", "idem", "redis-claim-first",
+	"publish-after-commit", "publish-before-commit", "outbox"}
 
 // Titles says in a few words what each approach is.
 var Titles = map[string]string{
@@ -44,6 +46,10 @@ var Titles = map[string]string{
 	"broker-only":       "4. rely on the broker: at-least-once, no dedup",
 	"idem":              "5. Redis + database: idem's two-tier guard",
 	"redis-claim-first": "+. Redis SET NX claim before processing, no database",
+
+	"publish-after-commit":  "d1. idem, then a message to another service published after the commit",
+	"publish-before-commit": "d2. idem, with the message published inside the transaction, before the commit",
+	"outbox":                "d3. idem, with the message enqueued in the transaction (outbox) and relayed",
 }
 
 // deps is what an approach may use.
@@ -53,6 +59,8 @@ type deps struct {
 	ttl   time.Duration // Redis key TTL for the Redis approaches
 	crash func(step string)
 	log   *slog.Logger
+	conn  *amqp.Connection // the worker's broker connection
+	queue string           // the pass's work queue
 }
 
 func newApproach(name string, d deps) (Approach, error) {
@@ -69,6 +77,8 @@ func newApproach(name string, d deps) (Approach, error) {
 		return newIdem(d)
 	case "redis-claim-first":
 		return claimFirst{d}, nil
+	case "publish-after-commit", "publish-before-commit", "outbox":
+		return newDownstream(name, d)
 	}
 	return nil, fmt.Errorf("unknown approach %q (want one of %v)", name, Approaches)
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/crashpoint"
@@ -86,8 +87,14 @@ type Pass struct {
 	Seconds    float64 `json:"seconds"`
 	Rate       float64 `json:"messagesPerSecond"`
 	// Redis pass: acks per second while Redis was down.
-	OutageRate float64  `json:"outageMessagesPerSecond,omitempty"`
-	Crashes    []string `json:"crashes,omitempty"` // steps armed workers died at
+	OutageRate float64 `json:"outageMessagesPerSecond,omitempty"`
+	// Downstream approaches: payments whose message never left, messages
+	// sent by an attempt that did not commit, and messages delivered
+	// again (with the same message ID).
+	DownLost    int      `json:"downstreamLost,omitempty"`
+	DownPhantom int      `json:"downstreamPhantom,omitempty"`
+	DownTwice   int      `json:"downstreamTwice,omitempty"`
+	Crashes     []string `json:"crashes,omitempty"` // steps armed workers died at
 }
 
 // Row is one approach's passes.
@@ -230,6 +237,13 @@ func (p *passRun) run(ctx context.Context) (Pass, error) {
 	}
 	defer drop()
 	defer func() { _ = sandbox.DeleteQueue(p.o.AMQPURL, p.queue) }()
+	downstream := slices.Contains(Downstream, p.approach)
+	if downstream {
+		if err := declareQueue(p.o.AMQPURL, downstreamQueue(p.queue)); err != nil {
+			return Pass{}, err
+		}
+		defer func() { _ = sandbox.DeleteQueue(p.o.AMQPURL, downstreamQueue(p.queue)) }()
+	}
 	p.inspect = sandbox.NewInspector(p.o.AMQPURL)
 	defer p.inspect.Close()
 	if err := loadgen.Publish(ctx, loadgen.PublishOptions{URL: p.o.AMQPURL, ConnectionName: p.name + "_publish",
@@ -259,6 +273,9 @@ func (p *passRun) run(ctx context.Context) (Pass, error) {
 	stuck, err := p.drain(ctx)
 	stopFaults()
 	fr := <-faults
+	if err == nil && p.approach == "outbox" {
+		err = p.waitOutbox(ctx)
+	}
 	p.workers.stop()
 	if err != nil {
 		return Pass{}, err
@@ -276,6 +293,13 @@ func (p *passRun) run(ctx context.Context) (Pass, error) {
 		Lost: r.Missing, Stuck: stuck, Applied: st.Applied, Duplicates: st.Duplicate, Requeued: st.Requeued,
 		PGTrips: float64(st.PGTrips) / float64(m.Messages), RedisTrips: float64(st.RedisTrip) / float64(m.Messages),
 		OutageRate: fr.outageRate, Crashes: p.workers.crashes()}
+	if downstream {
+		dr, err := p.countDownstream(ctx)
+		if err != nil {
+			return Pass{}, err
+		}
+		res.DownLost, res.DownPhantom, res.DownTwice = dr.lost, dr.phantom, dr.twice
+	}
 	end := time.Unix(0, st.LastAck)
 	if st.LastAck == 0 || end.Before(start) {
 		end = time.Now()
@@ -332,7 +356,8 @@ func (p *passRun) schema(ctx context.Context) (func(), error) {
 	// unique constraint: that is approach 1.
 	if _, err := p.pool.Exec(ctx, `CREATE TABLE lab_seen (event_id text NOT NULL);
 		CREATE INDEX lab_seen_event_id ON lab_seen (event_id);
-		CREATE TABLE lab_processed (event_id text PRIMARY KEY)`); err != nil {
+		CREATE TABLE lab_processed (event_id text PRIMARY KEY);
+		CREATE TABLE lab_downstream (event_id text NOT NULL, token text NOT NULL)`); err != nil {
 		drop()
 		return nil, err
 	}
@@ -571,4 +596,19 @@ func roundTrip(ctx context.Context, dbURL string) (time.Duration, error) {
 	}
 	slices.Sort(times)
 	return times[len(times)/2], nil
+}
+
+// declareQueue declares a quorum queue.
+func declareQueue(amqpURL, name string) error {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	_, err = ch.QueueDeclare(name, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum})
+	return err
 }

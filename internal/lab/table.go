@@ -3,6 +3,7 @@ package lab
 import (
 	"fmt"
 	"io"
+	"slices"
 	"text/tabwriter"
 )
 
@@ -31,8 +32,37 @@ func Print(w io.Writer, rows []Row) {
 			}
 		}
 	}
+	printDownstream(w, rows)
 	fmt.Fprintln(w)
 	for _, r := range rows {
-		fmt.Fprintf(w, "%-18s %s\n", r.Approach, r.Title)
+		fmt.Fprintf(w, "%-21s %s\n", r.Approach, r.Title)
 	}
+}
+
+// printDownstream writes the downstream approaches' message counts: the
+// payment's effect is exactly once in each (idem guards it); what differs
+// is the message to the next service.
+func printDownstream(w io.Writer, rows []Row) {
+	var ds []Row
+	for _, r := range rows {
+		if slices.Contains(Downstream, r.Approach) {
+			ds = append(ds, r)
+		}
+	}
+	if len(ds) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nthe message to the next service (lost: a committed payment whose message never left; phantom: sent by an attempt that never committed; again: delivered more than once, same message ID):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "pass:\tclean\tclean\tclean\tcrash\tcrash\tcrash\tredis\tredis\tredis\t")
+	fmt.Fprintln(tw, "approach\tlost\tphantom\tagain\tlost\tphantom\tagain\tlost\tphantom\tagain\t")
+	for _, r := range ds {
+		fmt.Fprintf(tw, "%s", r.Approach)
+		for _, pass := range Passes {
+			p := r.Passes[pass]
+			fmt.Fprintf(tw, "\t%d\t%d\t%d", p.DownLost, p.DownPhantom, p.DownTwice)
+		}
+		fmt.Fprintln(tw, "\t")
+	}
+	_ = tw.Flush()
 }

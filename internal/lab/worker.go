@@ -91,16 +91,21 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	rdb := redis.NewClient(ropt)
 	rdb.AddHook(roundtrip.Redis(&c.redis))
 	defer rdb.Close()
-	a, err := newApproach(o.Approach, deps{pool: pool, rdb: rdb, ttl: o.TTL, crash: crash, log: o.Logger})
-	if err != nil {
-		return err
-	}
-
 	conn, err := amqp.DialConfig(o.AMQPURL, amqp.Config{Properties: amqp.Table{"connection_name": o.Name}})
 	if err != nil {
 		return fmt.Errorf("lab worker: dial: %w", err)
 	}
 	defer conn.Close()
+	d := deps{pool: pool, rdb: rdb, ttl: o.TTL, crash: crash, log: o.Logger, conn: conn, queue: o.Queue}
+	a, err := newApproach(o.Approach, d)
+	if err != nil {
+		return err
+	}
+	if o.Approach == "outbox" {
+		if err := runRelay(ctx, d, o.AMQPURL); err != nil {
+			return err
+		}
+	}
 	ch, err := conn.Channel()
 	if err != nil {
 		return err
