@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/idemhq/idem/internal/relay"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/metrics"
@@ -28,6 +29,8 @@ func TestEverySeriesTheAlertsReadExistsFromStart(t *testing.T) {
 	m, err := metrics.New(reg)
 	require.NoError(t, err)
 	require.NoError(t, m.WatchConsumer(func() consumer.Stats { return consumer.Stats{} }))
+	_, err = relay.NewMetrics(reg, []string{"receipts"}) // idem relay's, and idem consume's with outbox.relay
+	require.NoError(t, err)
 	families, err := reg.Gather()
 	require.NoError(t, err)
 	exported := map[string]bool{}

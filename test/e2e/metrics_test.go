@@ -113,7 +113,10 @@ func TestMetricsAfterAKnownStream(t *testing.T) {
 	e := newEnv(t, rs.URL(), "")
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	// The breaker stays open once open, so the scrape sees it open.
-	e.consume("c0", "IDEM_METRICS_ADDR="+addr, "IDEM_REDIS_BREAKER_OPEN_TIMEOUT=10m")
+	// With a relay beside it (the dashboard's outbox panels read its
+	// metrics); the handler sends nothing, so it relays nothing.
+	e.consume("c0", "IDEM_METRICS_ADDR="+addr, "IDEM_REDIS_BREAKER_OPEN_TIMEOUT=10m",
+		"IDEM_OUTBOX_RELAY=true", "IDEM_OUTBOX_DESTINATIONS=receipts=queue:"+e.queue+".receipts")
 	ok := func(id, amount string) amqp.Publishing {
 		return body(`{"eventId":"` + id + `","userId":"user_1","type":"PAYMENT_COMPLETED","amount":` + amount + `}`)
 	}
@@ -221,6 +224,9 @@ func TestMetricsAfterAKnownStream(t *testing.T) {
 		{"idem_postgres_errors_total", nil, 0},
 		{"idem_redis_errors_total", []string{"op", "fast_claim", "kind", "server"}, 0},
 		{"idem_build_info", nil, 1},
+		{"idem_outbox_attempts_total", []string{"destination", "receipts", "result", "sent"}, 0},
+		{"idem_outbox_pending_rows", nil, 0},
+		{"idem_outbox_dead_rows", nil, 0},
 	}
 	for _, w := range want {
 		if w.value < 0 {
@@ -251,6 +257,8 @@ func TestMetricsAfterAKnownStream(t *testing.T) {
 	code, text := get(t, "http://"+addr+"/readyz")
 	require.Equal(t, http.StatusOK, code, text)
 	require.Contains(t, text, "redis: failing (not required)")
+	require.Contains(t, text, "relay: ok")
+	require.Contains(t, text, "outbox: ok: 0 pending")
 	code, _ = get(t, "http://"+addr+"/healthz")
 	require.Equal(t, http.StatusOK, code)
 
