@@ -202,7 +202,7 @@ table{border-collapse:collapse;font-size:13px}td,th{border-bottom:1px solid #ddd
 .key span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:middle}
 </style></head><body>
 <h1>idem-lab chaos run {{.R.RunID}} <span class="{{if .R.OK}}pass">PASS{{else}}fail">FAIL{{end}}</span></h1>
-<p>Seed {{.R.Seed}}, {{.R.Consumers}} consumers, stream of {{.R.Published}} messages ({{.R.Distinct}} distinct events)
+<p>Seed {{.R.Seed}}, {{.R.Consumers}} consumers{{if .R.Hop}} (and the second hop's receipts consumers, each running a relay){{end}}, stream of {{.R.Published}} messages ({{.R.Distinct}} distinct events)
 published over {{.R.Duration}} at {{.R.Rate}} msg/s; {{len .R.Faults}} faults. Rerun with
 <code>idem-lab chaos --seed {{.R.Seed}} --duration {{.R.Duration}} --rate {{.R.Rate}} --consumers {{.R.Consumers}}</code>.</p>
 {{if not .R.OK}}<ul class="fail">{{range .R.Problems}}<li>{{.}}</li>{{end}}</ul>{{end}}

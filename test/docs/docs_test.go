@@ -134,6 +134,11 @@ func TestDocsQuoteTheChaosReports(t *testing.T) {
 	require.Contains(t, design, ten.messages+" messages")
 	require.Contains(t, design, ten.faults+" faults")
 
+	two := readReport(t, "chaos-two-hops-10m.html")
+	require.Contains(t, design, "idem-lab chaos --duration 10m --seed "+two.seed)
+	require.Contains(t, design, two.messages+" messages, 144,000 payments, "+two.faults+" faults")
+	require.Contains(t, readme, "seed "+two.seed+" ran "+two.messages+" messages")
+
 	cluster := readReport(t, "chaos-cluster.html")
 	require.Contains(t, scale, "--seed "+cluster.seed)
 	require.Contains(t, scale, cluster.messages+" messages")
