@@ -75,7 +75,7 @@ func List(ctx context.Context, db queryer, f Filter) ([]Message, error) {
 // rows ids names, or every dead row if ids is empty. It returns how many.
 func Replay(ctx context.Context, db execer, ids []int64) (int64, error) {
 	tag, err := db.Exec(ctx, `UPDATE idem_outbox SET state = 'pending', attempts = 0, next_at = '-infinity'
-	WHERE state = 'dead' AND (cardinality($1::bigint[]) = 0 OR id = ANY($1))`, ids)
+	WHERE state = 'dead' AND (coalesce(cardinality($1::bigint[]), 0) = 0 OR id = ANY($1))`, ids)
 	if err != nil {
 		return 0, fmt.Errorf("replay: %w", err)
 	}

@@ -204,3 +204,53 @@ func TestTwoHopsApplyEachPaymentAndEachReceiptOnce(t *testing.T) {
 	e.requireExactlyOnce(m)
 	require.Zero(t, e.outboxStates()["dead"])
 }
+
+// TestOutboxToolsShowAndReplayDeadRows: a message the API refuses for good
+// is dead with its reason in `idem outbox list --dead` and `idem inspect`;
+// once the API accepts it, `idem outbox replay` sends it, with its ID.
+func TestOutboxToolsShowAndReplayDeadRows(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", "")
+	a := newAPI(t)
+	var mu sync.Mutex
+	refuse := true
+	a.fail = func(int) int {
+		mu.Lock()
+		defer mu.Unlock()
+		if refuse {
+			return http.StatusUnprocessableEntity
+		}
+		return 0
+	}
+	g, err := guard.New(guard.Config{Scope: "payments", Store: pgtier.New(e.pool)})
+	require.NoError(t, err)
+	_, err = g.Process(context.Background(), guard.Event{ID: "evt_out", Hash: guard.HashFields("evt_out")}, func(ctx context.Context, tx pgx.Tx) error {
+		return outbox.Enqueue(ctx, tx, outbox.Message{EventID: "evt_out", To: "api", Key: "user_1", Body: []byte(`{}`)})
+	})
+	require.NoError(t, err)
+	e.vars = append(e.vars, "IDEM_OUTBOX_DESTINATIONS=api="+a.url, "IDEM_OUTBOX_POLL_INTERVAL=50ms")
+	e.relay("relay")
+	require.Eventually(t, func() bool { return e.outboxStates()["dead"] == 1 }, 30*time.Second, 20*time.Millisecond)
+
+	id := outbox.ID("payments", "evt_out", 0)
+	out, err := e.idem("outbox", "list", "--dead")
+	require.NoError(t, err, out)
+	require.Contains(t, out, id)
+	require.Contains(t, out, "http 422")
+	out, err = e.idem("inspect", "evt_out")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "DEAD after 1 attempt(s): http 422")
+
+	mu.Lock()
+	refuse = false
+	mu.Unlock()
+	out, err = e.idem("outbox", "replay", "--all-dead")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "1 dead row(s) pending again")
+	require.Eventually(t, func() bool { return e.outboxStates()["sent"] == 1 }, 30*time.Second, 20*time.Millisecond)
+	require.Len(t, a.acted, 1)
+	require.Contains(t, a.acted, id, "replayed with its own message ID")
+	out, err = e.idem("inspect", "evt_out")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "to api, key \"user_1\": sent ")
+}
