@@ -88,6 +88,13 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"bad database url", "", map[string]string{"DATABASE_URL": "postgres://a:b@h:notaport/db"}, "database_url"},
 		{"unknown redis mode", "", map[string]string{"IDEM_REDIS_MODE": "ring"}, `redis.mode: "ring" is not a mode; want single, cluster or sentinel`},
 		{"cluster url with a database", "redis:\n  mode: cluster\n", map[string]string{"REDIS_URL": "redis://h:7001?addr=h:7002&db=3"}, "redis_url: cannot be parsed as a Redis Cluster URL"},
+		// The outbox.
+		{"unknown handler", "handler: refunds\n", nil, `handler: "refunds" is not a reference handler`},
+		{"destination without a target", "", map[string]string{"IDEM_OUTBOX_DESTINATIONS": "receipts="}, "outbox.destinations"},
+		{"emit to an unknown destination", "outbox:\n  emit: mailer\n  destinations: receipts=queue:r\n", nil, `outbox.emit: "mailer" is not one of outbox.destinations (receipts)`},
+		{"relay with nowhere to send", "outbox:\n  relay: true\n", nil, "outbox.relay: a relay needs outbox.destinations"},
+		{"429 as done", "outbox:\n  done_status: 429\n", nil, "outbox.done_status"},
+		{"backoff min above max", "outbox:\n  backoff_min: 10m\n", nil, "outbox.backoff_min"},
 		{"sentinel without a master", "", map[string]string{"IDEM_REDIS_MODE": "sentinel", "REDIS_URL": "redis://h:26379?addr=h:26380"}, "redis_url: names no master: add master_name="},
 	}
 	for _, c := range cases {

@@ -350,3 +350,59 @@ func TestAReturnedMessageIsNotSent(t *testing.T) {
 	require.Contains(t, dead[0].LastError, "NO_ROUTE")
 	require.Equal(t, 2, dead[0].Attempts)
 }
+
+func TestParseDestinationsRefusesWhatItCannotReach(t *testing.T) {
+	d, err := relay.ParseDestinations("a=queue:q/4 b=exchange:x/rk c=exchange:x d=https://u:secret@api.example.com/v1")
+	require.NoError(t, err)
+	require.Equal(t, 4, d["a"].Stream.Partitions)
+	require.Equal(t, "rk", d["b"].RoutingKey)
+	require.NotContains(t, d["d"].String(), "secret")
+	for _, bad := range []string{"a", "a=", "=queue:q", "a=queue:", "a=queue:q/0", "a=exchange:", "a=ftp://x", "a=http://", "a=queue:q a=queue:r"} {
+		_, err := relay.ParseDestinations(bad)
+		require.Error(t, err, bad)
+	}
+}
+
+func TestAnExchangeDestinationAndADoneStatus(t *testing.T) {
+	db, _ := testenv.Schema(t)
+	queue := testenv.Queue(t, testenv.AMQPURL())
+	top := declare(t, queue, 1)
+	exchange := "idem.test.x." + testenv.Name(t)
+	conn, err := amqp.Dial(testenv.AMQPURL())
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, ch.ExchangeDeclare(exchange, amqp.ExchangeDirect, false, true, false, false, nil))
+	require.NoError(t, ch.QueueBind(top.Queue, "user_7", exchange, false, nil))
+	// An API that already did every key: it answers 409, which this one
+	// means as "done".
+	rcv, url := newReceiver(t, func(string, int) int { return http.StatusConflict })
+	g := newGuard(t, db)
+	send(t, g, "e1",
+		outbox.Message{EventID: "e1", To: "x", Key: "user_7", Body: []byte("by key")},
+		outbox.Message{EventID: "e1", Index: 1, To: "api", Body: []byte("done before")})
+	run(t, relay.Config{DB: db, AMQPURLs: []string{testenv.AMQPURL()}, DoneStatus: http.StatusConflict, Retention: time.Hour,
+		Destinations: amqpDest(t, "x=exchange:"+exchange+" api="+url)})
+	got := take(t, 1, top.Queue)
+	require.Len(t, got, 1)
+	require.Equal(t, "by key", string(got[0].Body), "no routing key: the message's key routes it")
+	require.Eventually(t, func() bool { return states(t, db)["sent"] == 2 }, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, 1, rcv.count()[outbox.ID("pay", "e1", 1)])
+}
+
+func TestSentRowsAreDeletedAfterTheirRetention(t *testing.T) {
+	db, _ := testenv.Schema(t)
+	g := newGuard(t, db)
+	for i := range 2500 {
+		id := fmt.Sprintf("e%d", i)
+		send(t, g, id, outbox.Message{EventID: id, To: "q", Body: []byte(id)})
+	}
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `UPDATE idem_outbox SET state = 'sent', sent_at = now() - CASE WHEN id % 5 = 0 THEN interval '1 minute' ELSE interval '2 hours' END`)
+	require.NoError(t, err)
+	n, err := relay.DeleteSent(ctx, db, time.Hour)
+	require.NoError(t, err)
+	require.EqualValues(t, 2000, n, "in batches of 1,000: every row sent more than an hour ago")
+	require.Equal(t, map[string]int{"sent": 500}, states(t, db))
+}
