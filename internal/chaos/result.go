@@ -216,7 +216,7 @@ func (res *Result) Print(w io.Writer) {
 	fmt.Fprintln(w)
 	if res.OK {
 		if res.Hop != nil {
-			fmt.Fprintln(w, "PASS: every payment applied exactly once, every receipt recorded once and acted on once by the API, nothing lost, nothing stuck")
+			fmt.Fprintln(w, "PASS: every event applied exactly once, every receipt recorded once and acted on once by the API, nothing lost, nothing stuck")
 			return
 		}
 		fmt.Fprintln(w, "PASS: every event applied exactly once, nothing lost, nothing stuck")
