@@ -28,6 +28,10 @@ import (
 	"github.com/idemhq/idem/pkg/outbox"
 )
 
+// maxPassBackoff caps the wait after a pass that could not reach the
+// database or the broker: short, since it spends no row's attempts.
+const maxPassBackoff = 10 * time.Second
+
 // Lanes is how many lanes idem_outbox_lane holds (migration 0008); the rows
 // of one key share one.
 const Lanes = 32
@@ -164,7 +168,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.ready.Store(err.Error())
 			r.log.Warn("relay pass failed; retrying", "err", err, "in", backoff)
 			sleep(ctx, jitter(backoff))
-			backoff = min(2*backoff, r.cfg.BackoffMax/10+r.cfg.BackoffMin)
+			backoff = min(2*backoff, max(r.cfg.BackoffMin, maxPassBackoff))
 			continue
 		case err == nil:
 			r.ready.Store("")
