@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/idemhq/idem/internal/step"
 )
 
 // Kind names a fault.
@@ -157,6 +159,12 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []str
 				}
 				p.Step, steps = steps[0], steps[1:]
 				p.After = 1 + rng.IntN(20)
+				if slices.Contains(step.Relay, p.Step) {
+					// A relay reaches its steps once per pass that found
+					// rows, and shares the rows with every other relay:
+					// far fewer passes than a consumer's events.
+					p.After = 1 + rng.IntN(4)
+				}
 			}
 			plan = append(plan, p)
 		}
