@@ -146,8 +146,11 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 		// double the fault's time (one rabbitmqctl run each) and delay
 		// the faults behind it.
 		consuming := func(name string) bool {
+			// Not the relays' either: each close is a rabbitmqctl run,
+			// and closing three connections per consumer pushed the
+			// close of the consume connections past the stream.
 			ours := strings.HasPrefix(name, r.fleet.prefix) || (r.hop != nil && strings.HasPrefix(name, r.hop.prefix))
-			return ours && !strings.HasSuffix(name, broker.PublishingConnectionSuffix)
+			return ours && !strings.HasSuffix(name, broker.PublishingConnectionSuffix) && !strings.HasSuffix(name, "-relay")
 		}
 		n, err := sandbox.CloseConnectionsWhere(node, consuming, "idem-lab chaos: amqp-close fault")
 		if err == nil && n == 0 {
