@@ -141,22 +141,19 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 		if r.rabbit != nil {
 			node = r.pubNode.Name
 		}
-		// The consume connections: losing one ends a consumer's session,
-		// as losing its publishing connection would. Closing both would
-		// double the fault's time (one rabbitmqctl run each) and delay
-		// the faults behind it.
+		// The consume connections and the relays': losing one ends a
+		// consumer's session, or a relay's pass mid-confirm. A session
+		// ends on the loss of either of its connections, so its
+		// publishing connection is left alone.
 		consuming := func(name string) bool {
-			// Not the relays' either: each close is a rabbitmqctl run,
-			// and closing three connections per consumer pushed the
-			// close of the consume connections past the stream.
 			ours := strings.HasPrefix(name, r.fleet.prefix) || (r.hop != nil && strings.HasPrefix(name, r.hop.prefix))
-			return ours && !strings.HasSuffix(name, broker.PublishingConnectionSuffix) && !strings.HasSuffix(name, "-relay")
+			return ours && !strings.HasSuffix(name, broker.PublishingConnectionSuffix)
 		}
 		n, err := sandbox.CloseConnectionsWhere(node, consuming, "idem-lab chaos: amqp-close fault")
 		if err == nil && n == 0 {
 			err = fmt.Errorf("no consumer connection named %s* to close", r.fleet.prefix)
 		}
-		return fmt.Sprintf("%d consumer connections closed", n), err
+		return fmt.Sprintf("%d consumer and relay connections closed", n), err
 	case RabbitKill:
 		node := r.rabbitTarget()
 		node.Kill()

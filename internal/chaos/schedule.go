@@ -197,21 +197,25 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []str
 			infra = append(infra, k)
 		}
 	}
+	// Each round takes every kind once in a shuffled order. The faults
+	// that wait on a slow outside command go last in their round, so that
+	// their delay does not push the round's timed faults (the Redis ones
+	// that must open a breaker) past the stream: a killed RabbitMQ node
+	// takes twenty seconds or so to boot again, and amqp-close's
+	// rabbitmqctl runs take ten on two busy cores.
+	slow := []Kind{AMQPClose, RabbitKill}
 	at := start
 	for round := 0; len(infra) > 0 && (round == 0 || at < end); round++ {
 		order := slices.Clone(infra)
 		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
-		// A killed RabbitMQ node takes twenty seconds or so to boot again,
-		// and the track waits for it: last in the round, so that it does
-		// not push the round's other faults past the stream.
-		if k := slices.Index(order, RabbitKill); k >= 0 {
-			order = append(slices.Delete(order, k, k+1), RabbitKill)
-		}
-		for _, k := range order {
-			if round > 0 && at >= end {
-				break
+		for _, k := range slow {
+			if i := slices.Index(order, k); i >= 0 {
+				order = append(slices.Delete(order, i, i+1), k)
 			}
-			p := Planned{Kind: k, At: at}
+		}
+		var faults []Planned
+		for _, k := range order {
+			p := Planned{Kind: k}
 			switch k {
 			case RedisKill, RedisEvict, PGRestart, RabbitKill:
 				p.For = between(2*time.Second, 6*time.Second)
@@ -221,10 +225,46 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []str
 				p.For = between(2*time.Second, 5*time.Second)
 				p.Lag = between(20*time.Millisecond, 200*time.Millisecond)
 			}
+			faults = append(faults, p)
+		}
+		gaps := make([]time.Duration, len(faults))
+		for i := range gaps {
+			gaps[i] = between(time.Second, 3*time.Second)
+		}
+		// The first round must fit in the stream, or its last faults
+		// would hit an idle fleet: shortened in proportion, but never
+		// below a second for a fault or half a second between two.
+		if round == 0 {
+			fitRound(faults, gaps, end-start)
+		}
+		for i, p := range faults {
+			if round > 0 && at >= end {
+				break
+			}
+			p.At = at
 			plan = append(plan, p)
-			at += p.For + between(time.Second, 3*time.Second)
+			at += p.For + gaps[i]
 		}
 	}
 	slices.SortStableFunc(plan, func(a, b Planned) int { return int(a.At - b.At) })
 	return plan
+}
+
+// fitRound shortens a round's fault durations and the gaps after them in
+// proportion, so that the round takes no more than room; a fault keeps at
+// least a second (or what it drew, if less), a gap half a second.
+func fitRound(faults []Planned, gaps []time.Duration, room time.Duration) {
+	var total time.Duration
+	for i, p := range faults {
+		total += p.For + gaps[i]
+	}
+	if total <= room {
+		return
+	}
+	for i := range faults {
+		if faults[i].For > 0 {
+			faults[i].For = max(min(faults[i].For, time.Second), faults[i].For*room/total)
+		}
+		gaps[i] = max(500*time.Millisecond, gaps[i]*room/total)
+	}
 }

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -51,10 +52,11 @@ func TestPlanOnlyTheKindsAsked(t *testing.T) {
 	require.Greater(t, n[ConsumerKill], 10)
 }
 
-// TestRabbitKillEndsEachRound: the slow rabbit-kill comes after the other
-// infrastructure faults of its round, whatever the seed.
-func TestRabbitKillEndsEachRound(t *testing.T) {
-	kinds := []Kind{RedisKill, PGRestart, PGTerminate, RabbitKill, ConsumerKill}
+// TestSlowFaultsEndEachRound: rabbit-kill and amqp-close, which wait on
+// slow outside commands, come after the other infrastructure faults of
+// their round, whatever the seed.
+func TestSlowFaultsEndEachRound(t *testing.T) {
+	kinds := []Kind{RedisKill, AMQPClose, PGRestart, PGTerminate, RabbitKill, ConsumerKill}
 	for seed := range uint64(50) {
 		var infra []Kind
 		for _, p := range Plan(seed, 40*time.Second, 3, kinds, crashpoint.Steps) {
@@ -62,7 +64,37 @@ func TestRabbitKillEndsEachRound(t *testing.T) {
 				infra = append(infra, p.Kind)
 			}
 		}
-		require.Equal(t, RabbitKill, infra[3], "seed %d: %v", seed, infra)
+		require.Equal(t, []Kind{AMQPClose, RabbitKill}, infra[3:5], "seed %d: %v", seed, infra)
+	}
+}
+
+// TestFirstRoundFitsInTheStream: every timed fault of the first round ends
+// while events still flow (before 85% of the stream), whatever the seed;
+// a Redis kill drawn last once came after the stream, and no breaker
+// opened.
+func TestFirstRoundFitsInTheStream(t *testing.T) {
+	kinds, err := ParseKinds("all", false, true)
+	require.NoError(t, err)
+	d := 40 * time.Second
+	for seed := range uint64(200) {
+		seen := map[Kind]bool{}
+		for _, p := range Plan(seed, d, 4, kinds, crashpoint.Steps) {
+			if p.Kind.consumerFault() || slices.Contains(TwoHopOnly, p.Kind) || seen[p.Kind] {
+				continue
+			}
+			seen[p.Kind] = true
+			if p.Kind != AMQPClose {
+				require.LessOrEqual(t, p.At+p.For, d*85/100, "seed %d: %s ends after the stream", seed, p.Kind)
+			}
+			if p.For > 0 {
+				floor := time.Second
+				if p.Kind == RedisPause {
+					floor = 500 * time.Millisecond
+				}
+				require.GreaterOrEqual(t, p.For, floor, "seed %d: %s", seed, p.Kind)
+			}
+		}
+		require.Len(t, seen, 8, "seed %d: every infrastructure kind once in the first round", seed)
 	}
 }
 
