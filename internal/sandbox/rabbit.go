@@ -86,11 +86,12 @@ func CloseConnectionsWhere(node string, match func(name string) bool, why string
 		return 0, nil
 	}
 	// Closed by name in one run; a connection that closed since the
-	// listing is not counted, and not an error.
+	// listing is not counted, and not an error. One still opening has no
+	// client properties yet (none, not a list): it is not named.
 	expr := fmt.Sprintf(`Names = [%s],
 		Named = fun(P) ->
 			case catch rabbit_networking:connection_info(P, [client_properties]) of
-				[{client_properties, Props}] ->
+				[{client_properties, Props}] when is_list(Props) ->
 					case lists:keyfind(<<"connection_name">>, 1, Props) of
 						{_, _, N} -> lists:member(N, Names);
 						_ -> false
