@@ -202,7 +202,7 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []str
 	// their delay does not push the round's timed faults (the Redis ones
 	// that must open a breaker) past the stream: a killed RabbitMQ node
 	// takes twenty seconds or so to boot again, and amqp-close's
-	// rabbitmqctl runs take ten on two busy cores.
+	// two rabbitmqctl runs take ten seconds each on two busy cores.
 	slow := []Kind{AMQPClose, RabbitKill}
 	at := start
 	for round := 0; len(infra) > 0 && (round == 0 || at < end); round++ {
@@ -232,8 +232,7 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []str
 			gaps[i] = between(time.Second, 3*time.Second)
 		}
 		// The first round must fit in the stream, or its last faults
-		// would hit an idle fleet: shortened in proportion, but never
-		// below a second for a fault or half a second between two.
+		// would hit an idle fleet: shortened in proportion (fitRound).
 		if round == 0 {
 			fitRound(faults, gaps, end-start)
 		}
