@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"sync"
 
@@ -13,26 +12,30 @@ import (
 	"github.com/idemhq/idem/internal/broker"
 )
 
-// amqpPublisher holds the relay's connection and confirm-mode channel,
-// opened on first use and again after either closes.
+// amqpPublisher holds the relay's confirming publisher (broker.Publisher),
+// dialled on first use and again after it ends.
+//
+// Only the broker's answer about a message spends a row's attempt: a nack,
+// a return, or a message that cannot be encoded. A lost connection or a
+// confirm that never came spends nothing, however often it happens. A
+// channel exception (404 no such exchange, say) answers one of the publishes
+// in flight without saying which, so the rows it left unanswered become
+// suspects: the next pass publishes each of them alone, and one refused
+// alone spends its attempt. A poison row goes dead; its neighbours do not.
 type amqpPublisher struct {
 	urls []string
 	name string
-	log  *slog.Logger
 
 	mu      sync.Mutex
-	conn    *amqp.Connection
-	ch      *amqp.Channel
-	returns chan amqp.Return
-	blocked chan amqp.Blocking
-	next    int    // the node to dial first
-	block   string // why the broker blocks the connection ("" if it does not)
+	pub     *broker.Publisher
+	next    int            // the node to dial first
+	suspect map[int64]bool // rows a channel exception left unanswered
 }
 
-// channel returns an open confirm-mode channel, dialling if need be.
-func (p *amqpPublisher) channel() (*amqp.Channel, error) {
-	if p.ch != nil && !p.ch.IsClosed() && !p.conn.IsClosed() {
-		return p.ch, nil
+// publisher returns a running publisher, dialling if need be.
+func (p *amqpPublisher) publisher() (*broker.Publisher, error) {
+	if p.pub != nil && p.pub.Err() == nil {
+		return p.pub, nil
 	}
 	p.close()
 	name := p.name
@@ -45,41 +48,55 @@ func (p *amqpPublisher) channel() (*amqp.Channel, error) {
 		return nil, fmt.Errorf("amqp: %w", err)
 	}
 	p.next = i
-	ch, err := conn.Channel()
-	if err == nil {
-		err = ch.Confirm(false)
+	if p.pub, err = broker.NewPublisher(conn, broker.PublisherOptions{}); err != nil {
+		return nil, fmt.Errorf("amqp: %w", err)
 	}
-	if err != nil {
-		_ = conn.Close()
-		return nil, fmt.Errorf("amqp: open channel: %w", err)
-	}
-	p.conn, p.ch = conn, ch
-	// Returns arrive before the confirm of the message they return, on the
-	// connection's one reader; the buffer must hold a pass's worth, so
-	// that the reader never waits on it while we wait on confirms.
-	p.returns = ch.NotifyReturn(make(chan amqp.Return, 4096))
-	p.blocked = conn.NotifyBlocked(make(chan amqp.Blocking, 4))
-	return ch, nil
+	return p.pub, nil
 }
 
 // publishAll publishes rows[idx], mandatory and persistent, waits for their
 // confirms, and fills in results. The error says the broker could not be
-// reached or did not confirm in time: the rows it left without an answer
-// are skipped.
+// reached, blocked publishing, or did not answer in time: the rows it left
+// without an answer are skipped, their attempts untouched.
 func (p *amqpPublisher) publishAll(ctx context.Context, dests map[string]Destination, rows []*row, idx []int, results []result) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	ch, err := p.channel()
+	if len(p.suspect) > maxSuspects || p.suspect == nil {
+		p.suspect = map[int64]bool{} // rows other relays settled meanwhile
+	}
+	skip(results, idx)
+	var alone, together []int
+	for _, i := range idx {
+		if p.suspect[rows[i].id] {
+			alone = append(alone, i)
+		} else {
+			together = append(together, i)
+		}
+	}
+	var errs []error
+	for _, i := range alone {
+		errs = append(errs, p.send(ctx, dests, rows, []int{i}, results))
+	}
+	if len(together) > 0 {
+		errs = append(errs, p.send(ctx, dests, rows, together, results))
+	}
+	return errors.Join(errs...)
+}
+
+// send publishes rows[idx] in one go on the running publisher.
+func (p *amqpPublisher) send(ctx context.Context, dests map[string]Destination, rows []*row, idx []int, results []result) error {
+	pub, err := p.publisher()
 	if err != nil {
-		skip(results, idx)
 		return err
 	}
-	confirms := make([]*amqp.DeferredConfirmation, len(idx))
-	var pubErr error
+	if why, _ := pub.Blocked(); why != "" {
+		return fmt.Errorf("amqp: the broker blocks publishing (%s)", why)
+	}
+	msgs := make([]broker.Message, len(idx))
 	for k, i := range idx {
 		w := rows[i]
 		exchange, key := dests[w.destination].route(w.key)
-		confirms[k], pubErr = ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, amqp.Publishing{
+		msgs[k] = broker.Message{Exchange: exchange, Key: key, Publishing: amqp.Publishing{
 			MessageId:    w.messageID(),
 			Type:         w.typ,
 			ContentType:  w.ctype,
@@ -87,85 +104,62 @@ func (p *amqpPublisher) publishAll(ctx context.Context, dests map[string]Destina
 			Timestamp:    w.created,
 			Headers:      amqp.Table{"x-idem-scope": w.scope, "x-idem-event-id": w.eventID, "x-idem-index": int32(w.idx)},
 			Body:         w.body,
-		})
-		if pubErr != nil {
-			break
-		}
+		}}
 	}
-	var waitErr error
-	for k, i := range idx {
-		if confirms[k] == nil {
-			results[i] = result{skipped: true}
-			continue
-		}
-		acked, err := confirms[k].WaitContext(ctx)
-		switch {
-		case err != nil:
-			results[i] = result{skipped: true}
-			waitErr = err
-		case !acked:
-			results[i] = result{err: errors.New("amqp: the broker refused the message (nack): a full queue, say")}
-		default:
+	var lost error
+	for k, res := range pub.Publish(ctx, msgs...) {
+		i := idx[k]
+		id := rows[i].id
+		switch res.Outcome {
+		case broker.Confirmed:
 			results[i] = result{sent: true}
+			delete(p.suspect, id)
+		case broker.Returned, broker.Nacked, broker.Invalid:
+			results[i] = result{err: fmt.Errorf("amqp: %w", res.Err)}
+			delete(p.suspect, id)
+		case broker.Refused:
+			if len(idx) == 1 {
+				results[i] = result{err: fmt.Errorf("amqp: %w", res.Err)}
+				delete(p.suspect, id)
+			} else {
+				p.suspect[id] = true
+			}
+			lost = cmpOr(lost, fmt.Errorf("amqp: %w", res.Err))
+		default:
+			lost = cmpOr(lost, fmt.Errorf("amqp: %w", res.Err))
 		}
 	}
-	p.markReturned(rows, idx, results)
-	if pubErr != nil || waitErr != nil {
-		reason := p.blockReason()
-		p.close() // a channel that missed confirms cannot be trusted with the next pass's
-		if reason != "" {
-			return fmt.Errorf("amqp: the broker blocks publishing (%s): %w", reason, errors.Join(pubErr, waitErr))
-		}
-		return fmt.Errorf("amqp: publish: %w", errors.Join(pubErr, waitErr))
+	if lost != nil {
+		// A channel that missed confirms cannot be trusted with the
+		// next pass's: its late answers would be taken for theirs.
+		p.close()
 	}
-	return nil
+	return lost
 }
 
-// markReturned turns the confirmed rows the broker returned (no queue took
-// them) into failures.
-func (p *amqpPublisher) markReturned(rows []*row, idx []int, results []result) {
-	if len(p.returns) == 0 {
-		return
+func cmpOr(a, b error) error {
+	if a != nil {
+		return a
 	}
-	byID := make(map[string]int, len(idx))
-	for _, i := range idx {
-		byID[rows[i].messageID()] = i
-	}
-	for {
-		select {
-		case ret := <-p.returns:
-			if i, ok := byID[ret.MessageId]; ok {
-				results[i] = result{err: fmt.Errorf("amqp: returned %d %s: no queue is bound to exchange %q with routing key %q",
-					ret.ReplyCode, ret.ReplyText, ret.Exchange, ret.RoutingKey)}
-			}
-		default:
-			return
-		}
-	}
-}
-
-// blockReason drains connection.blocked notifications and returns the
-// last active one's reason ("" if unblocked).
-func (p *amqpPublisher) blockReason() string {
-	for {
-		select {
-		case b := <-p.blocked:
-			p.block = ""
-			if b.Active {
-				p.block = b.Reason
-			}
-		default:
-			return p.block
-		}
-	}
+	return b
 }
 
 func (p *amqpPublisher) close() {
-	if p.conn != nil {
-		_ = p.conn.Close()
+	if p.pub != nil {
+		_ = p.pub.Close()
 	}
-	p.conn, p.ch, p.block = nil, nil, ""
+	p.pub = nil
 }
+
+// closeAll closes the publisher at the end of Run.
+func (p *amqpPublisher) closeAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.close()
+}
+
+// maxSuspects bounds the suspects a relay remembers.
+const maxSuspects = 4096
 
 func skip(results []result, idx []int) {
 	for _, i := range idx {

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/internal/step"
@@ -134,7 +135,7 @@ func New(cfg Config) (*Relay, error) {
 			return nil, fmt.Errorf("relay: destination %s needs an AMQP URL", d.Name)
 		}
 	}
-	r.amqp = &amqpPublisher{urls: cfg.AMQPURLs, name: cfg.Name, log: r.log}
+	r.amqp = &amqpPublisher{urls: cfg.AMQPURLs, name: cfg.Name}
 	r.http = newHTTPSender(cfg.PublishTimeout, cfg.DoneStatus)
 	r.ready.Store("not started")
 	return r, nil
@@ -152,7 +153,7 @@ func (r *Relay) Ready() error {
 // Run relays until ctx ends. It returns nil then; other errors come only
 // from the start.
 func (r *Relay) Run(ctx context.Context) error {
-	defer r.amqp.close()
+	defer r.amqp.closeAll()
 	wake := make(chan struct{}, 1)
 	go listen(ctx, r.cfg.DB, wake, r.log)
 	go r.retain(ctx)
@@ -160,9 +161,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		go r.cfg.Metrics.watch(ctx, r.cfg.DB, r.log)
 	}
 	backoff := r.cfg.BackoffMin
-	idle := 0 // passes in a row that found nothing
+	idle := 0      // passes in a row that found nothing
+	fruitless := 0 // passes in a row that claimed rows and sent none, all refused
 	for ctx.Err() == nil {
-		n, err := r.pass(ctx)
+		p, err := r.pass(ctx)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			r.ready.Store(err.Error())
@@ -171,10 +173,24 @@ func (r *Relay) Run(ctx context.Context) error {
 			backoff = min(2*backoff, max(r.cfg.BackoffMin, maxPassBackoff))
 			continue
 		case err == nil:
-			r.ready.Store("")
 			backoff = r.cfg.BackoffMin
+			switch {
+			case p.claimed == 0: // rows waiting out their backoff say nothing
+			case p.sent > 0 || p.failed == 0:
+				fruitless = 0
+			default:
+				fruitless++
+			}
+			if fruitless >= fruitlessPasses {
+				// Every destination answers, and refuses everything: the
+				// rows are not lost (they retry, then go dead), but the
+				// relay is not doing its job and must say so.
+				r.ready.Store(fmt.Sprintf("the last %d passes sent nothing: every publish failed (the last: %v)", fruitless, p.lastErr))
+			} else {
+				r.ready.Store("")
+			}
 		}
-		if n > 0 {
+		if p.claimed > 0 {
 			idle = 0
 			continue
 		}
@@ -189,6 +205,17 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// fruitlessPasses is how many passes in a row that sent nothing, every
+// publish refused, make the relay not ready.
+const fruitlessPasses = 3
+
+// passResult sums up a pass: rows claimed, sent, failed (their attempt
+// spent), and the last failure.
+type passResult struct {
+	claimed, sent, failed int
+	lastErr               error
 }
 
 // row is a claimed idem_outbox row.
@@ -227,9 +254,8 @@ WHERE o.state = 'pending' AND o.next_at <= now() AND o.lane IN (SELECT lane FROM
 ORDER BY o.id LIMIT $1
 FOR UPDATE OF o SKIP LOCKED`
 
-// pass claims, publishes and marks one batch, and returns how many rows it
-// claimed.
-func (r *Relay) pass(ctx context.Context) (int, error) {
+// pass claims, publishes and marks one batch.
+func (r *Relay) pass(ctx context.Context) (passResult, error) {
 	lanes := make([]int16, r.cfg.LanesPerPass)
 	for i := range lanes {
 		lanes[i] = int16((r.lane + i) % Lanes)
@@ -238,25 +264,35 @@ func (r *Relay) pass(ctx context.Context) (int, error) {
 
 	tx, err := r.cfg.DB.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("begin: %w", err)
+		return passResult{}, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	rows, err := r.claim(ctx, tx, lanes)
 	if err != nil || len(rows) == 0 {
-		return 0, err
+		return passResult{}, err
 	}
 	claimed := time.Now()
 	results, pubErr := r.publish(ctx, rows)
 	step.Reached(ctx, step.RelayPublished)
 	if err := r.mark(ctx, tx, rows, results); err != nil {
-		return 0, err
+		return passResult{}, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("commit: %w", err)
+		return passResult{}, fmt.Errorf("commit: %w", err)
 	}
 	step.Reached(ctx, step.RelayMarked)
 	r.observe(rows, results, time.Since(claimed))
-	return len(rows), pubErr
+	p := passResult{claimed: len(rows)}
+	for _, res := range results {
+		switch {
+		case res.sent:
+			p.sent++
+		case !res.skipped:
+			p.failed++
+			p.lastErr = res.err
+		}
+	}
+	return p, pubErr
 }
 
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx, lanes []int16) ([]*row, error) {
@@ -323,23 +359,71 @@ WHERE o.id = f.id`
 )
 
 func (r *Relay) mark(ctx context.Context, tx pgx.Tx, rows []*row, results []result) error {
-	var sent, failed []int64
-	var errs []string
-	var final []bool
-	var after []int64
+	var marks []rowMark
 	for i, res := range results {
 		switch {
 		case res.sent:
-			sent = append(sent, rows[i].id)
+			marks = append(marks, rowMark{id: rows[i].id, sent: true})
 		case res.skipped:
 		default:
-			failed = append(failed, rows[i].id)
-			errs = append(errs, truncate(res.err.Error(), 500))
-			final = append(final, res.final)
-			after = append(after, r.backoff(rows[i].attempts+1, res.after).Milliseconds())
+			marks = append(marks, rowMark{id: rows[i].id, err: storable(res.err.Error(), 500), final: res.final,
+				after: r.backoff(rows[i].attempts+1, res.after).Milliseconds()})
 		}
 	}
+	if len(marks) == 0 {
+		return nil
+	}
+	err := r.markAll(ctx, tx, marks)
+	var pe *pgconn.PgError
+	if err == nil || !errors.As(err, &pe) {
+		return err
+	}
+	// The database refused one of the marks: mark the rows one by one, so
+	// that one row's bad mark never rolls back its neighbours' (and never
+	// has the pass publish them all again).
+	r.log.Warn("marking a pass's rows failed; marking them one at a time", "err", err)
+	for _, m := range marks {
+		err := r.markAll(ctx, tx, []rowMark{m})
+		if errors.As(err, &pe) && !m.sent {
+			m.err = "the error could not be stored (" + pe.Code + "); see the relay's log"
+			r.log.Error("outbox row's error could not be stored", "row", m.id, "err", err)
+			err = r.markAll(ctx, tx, []rowMark{m})
+		}
+		if errors.As(err, &pe) {
+			r.log.Error("outbox row could not be marked; it stays as it was", "row", m.id, "err", err)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rowMark is how mark records one row: sent, or failed with err.
+type rowMark struct {
+	id    int64
+	sent  bool
+	err   string
+	final bool
+	after int64 // ms
+}
+
+// markAll records marks in one round trip, inside a savepoint: if the
+// database refuses them, the pass's transaction goes on without them.
+func (r *Relay) markAll(ctx context.Context, tx pgx.Tx, marks []rowMark) error {
+	var sent, failed, after []int64
+	var errs []string
+	var final []bool
+	for _, m := range marks {
+		if m.sent {
+			sent = append(sent, m.id)
+			continue
+		}
+		failed, errs, final, after = append(failed, m.id), append(errs, m.err), append(final, m.final), append(after, m.after)
+	}
 	b := &pgx.Batch{}
+	b.Queue(`SAVEPOINT idem_mark`)
 	if len(sent) > 0 {
 		if r.cfg.Retention > 0 {
 			b.Queue(markSent, sent)
@@ -350,10 +434,15 @@ func (r *Relay) mark(ctx context.Context, tx pgx.Tx, rows []*row, results []resu
 	if len(failed) > 0 {
 		b.Queue(markFailed, failed, r.cfg.MaxAttempts, errs, final, after)
 	}
-	if b.Len() == 0 {
-		return nil
+	b.Queue(`RELEASE SAVEPOINT idem_mark`)
+	err := tx.SendBatch(ctx, b).Close()
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		if _, rerr := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT idem_mark`); rerr != nil {
+			return fmt.Errorf("mark: %w (and rolling back to the savepoint: %w)", err, rerr)
+		}
 	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+	if err != nil {
 		return fmt.Errorf("mark: %w", err)
 	}
 	return nil
@@ -406,9 +495,16 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
+// storable returns s cut to at most n bytes (and an ellipsis) as text
+// Postgres takes: valid UTF-8 without NUL bytes.
+func storable(s string, n int) string {
+	cut := len(s) > n
+	if cut {
+		s = s[:n]
 	}
-	return strings.ToValidUTF8(s[:n], "") + "…"
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "")
+	if cut {
+		s += "…"
+	}
+	return s
 }

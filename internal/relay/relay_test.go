@@ -31,6 +31,7 @@ type receiver struct {
 	seen   map[string]int
 	order  []string // keys in arrival order
 	answer func(key string, n int) int
+	body   func(key string) string // the answer's body; nil: none
 }
 
 func newReceiver(t *testing.T, answer func(key string, n int) int) (*receiver, string) {
@@ -44,6 +45,9 @@ func newReceiver(t *testing.T, answer func(key string, n int) int) (*receiver, s
 		r.order = append(r.order, string(body))
 		r.mu.Unlock()
 		w.WriteHeader(r.answer(key, n))
+		if r.body != nil {
+			_, _ = io.WriteString(w, r.body(key))
+		}
 	}))
 	t.Cleanup(srv.Close)
 	return r, srv.URL

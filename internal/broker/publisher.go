@@ -1,0 +1,390 @@
+package broker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// HeaderPublishID marks every message a Publisher sends with an ID of its
+// own, so that a basic.return is matched to the publish it answers.
+const HeaderPublishID = "x-idem-publish-id"
+
+// Message is one publish: where it goes and what it carries. Every publish
+// is mandatory, so that a message no queue takes comes back (Returned).
+type Message struct {
+	Exchange, Key string
+	amqp.Publishing
+}
+
+// Outcome is how the broker answered one publish.
+type Outcome int
+
+const (
+	// Unanswered: no answer came (the connection or channel was lost, the
+	// context ended, or the message was never sent). The message may or
+	// may not be in a queue; it says nothing about the message itself.
+	Unanswered Outcome = iota
+	// Confirmed: a queue took the message and the broker confirmed it.
+	Confirmed
+	// Returned: confirmed, but no queue was bound to take it.
+	Returned
+	// Nacked: the broker refused it with basic.nack on an open channel (a
+	// queue at its length limit with reject-publish, say).
+	Nacked
+	// Refused: the broker closed the channel with a channel exception
+	// (404 no such exchange, 403 access refused, 406 too large, …) while
+	// the message was unanswered. The exception is the broker's answer to
+	// one of the publishes then in flight, not necessarily to this one.
+	Refused
+	// Invalid: the message cannot be encoded (a short string over 255
+	// bytes, a header the protocol cannot carry). It was not sent.
+	Invalid
+)
+
+var outcomeNames = [...]string{"unanswered", "confirmed", "returned", "nacked", "refused", "invalid"}
+
+func (o Outcome) String() string { return outcomeNames[o] }
+
+// Result is one publish's outcome, and for every outcome but Confirmed the
+// error that says why.
+type Result struct {
+	Outcome Outcome
+	Err     error
+}
+
+// Answered reports whether the broker (or the client, for Invalid) said
+// something about this message: only such an outcome may count against it.
+func (r Result) Answered() bool { return r.Outcome != Unanswered }
+
+// PublisherOptions configures a Publisher.
+type PublisherOptions struct {
+	// OnBlocked, if set, is called with each connection.blocked and
+	// connection.unblocked notification. It must not block.
+	OnBlocked func(amqp.Blocking)
+}
+
+// Publisher owns a connection with one confirm-mode channel, and is the one
+// place that reads amqp091's notification channels for publishing: returns,
+// the channel's and the connection's close, connection.blocked. One
+// goroutine reads them all, each receive checks that the channel is still
+// open, and it returns once the library closed them, so that no loop over
+// them can spin after a connection loss and none of them is ever left
+// unread (amqp091 drops a notification nobody takes within 5 s: a return
+// dropped that way would pass for a confirmed publish).
+type Publisher struct {
+	conn *amqp.Connection
+	ch   *amqp.Channel
+	opts PublisherOptions
+	run  string // this publisher's ID, the prefix of every publish ID
+
+	mu  sync.Mutex // one Publish at a time
+	seq uint64
+
+	returns  chan amqp.Return // unbuffered: see barrier
+	barrier  chan chan struct{}
+	ended    chan struct{} // closed once the channel has ended
+	watching chan struct{} // closed when watch returns
+
+	state    sync.Mutex
+	err      error                  // why the channel or connection ended
+	returned map[string]amqp.Return // by publish ID, for the Publish under way
+	block    string                 // the broker's reason while it blocks the connection
+	cleared  chan struct{}          // closed when the block ends; nil while unblocked
+}
+
+// NewPublisher takes conn over (Close closes it, and so does a failure
+// here) and opens its confirm-mode channel.
+func NewPublisher(conn *amqp.Connection, opts PublisherOptions) (*Publisher, error) {
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("open a confirm-mode channel: %w", err)
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	p := &Publisher{
+		conn: conn, ch: ch, opts: opts, run: hex.EncodeToString(id[:]),
+		returns:  make(chan amqp.Return),
+		barrier:  make(chan chan struct{}),
+		ended:    make(chan struct{}),
+		watching: make(chan struct{}),
+		returned: map[string]amqp.Return{},
+	}
+	ch.NotifyReturn(p.returns)
+	go p.watch(ch.NotifyClose(make(chan *amqp.Error, 1)), conn.NotifyClose(make(chan *amqp.Error, 1)),
+		conn.NotifyBlocked(make(chan amqp.Blocking, 4)))
+	return p, nil
+}
+
+// watch reads every notification channel until the library has closed them
+// all (it closes them when the connection ends; Close ends it).
+func (p *Publisher) watch(chClosed, connClosed chan *amqp.Error, blocked chan amqp.Blocking) {
+	defer close(p.watching)
+	returns := p.returns
+	for returns != nil || chClosed != nil || connClosed != nil || blocked != nil {
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			if id, _ := r.Headers[HeaderPublishID].(string); id != "" {
+				p.state.Lock()
+				p.returned[id] = r
+				p.state.Unlock()
+			}
+		case e, ok := <-chClosed:
+			if !ok {
+				chClosed = nil
+				p.end(errors.New("the publishing channel closed"))
+				close(p.ended)
+				// A channel exception leaves the connection open: close
+				// it, so that its notification channels close too.
+				go p.conn.CloseDeadline(time.Now().Add(CloseTimeout))
+				continue
+			}
+			p.end(e)
+		case e, ok := <-connClosed:
+			if !ok {
+				connClosed = nil
+				continue
+			}
+			p.end(e)
+		case b, ok := <-blocked:
+			if !ok {
+				blocked = nil
+				p.setBlocked(amqp.Blocking{})
+				continue
+			}
+			p.setBlocked(b)
+			if p.opts.OnBlocked != nil {
+				p.opts.OnBlocked(b)
+			}
+		case c := <-p.barrier:
+			close(c)
+		}
+	}
+}
+
+// end records the first reason the publisher ended.
+func (p *Publisher) end(err error) {
+	p.state.Lock()
+	defer p.state.Unlock()
+	if p.err == nil {
+		p.err = err
+	}
+}
+
+func (p *Publisher) setBlocked(b amqp.Blocking) {
+	p.state.Lock()
+	defer p.state.Unlock()
+	switch {
+	case b.Active && p.cleared == nil:
+		p.block, p.cleared = b.Reason, make(chan struct{})
+	case b.Active:
+		p.block = b.Reason
+	case p.cleared != nil:
+		close(p.cleared)
+		p.block, p.cleared = "", nil
+	}
+}
+
+// Blocked returns why the broker blocks the connection ("" if it does
+// not) and a channel closed when the block ends (nil if it does not).
+func (p *Publisher) Blocked() (reason string, cleared <-chan struct{}) {
+	p.state.Lock()
+	defer p.state.Unlock()
+	return p.block, p.cleared
+}
+
+// Done is closed once the publisher's channel has ended; Err says why.
+func (p *Publisher) Done() <-chan struct{} { return p.ended }
+
+// Err returns why the publisher ended, or nil while it runs.
+func (p *Publisher) Err() error {
+	select {
+	case <-p.ended:
+	default:
+		return nil
+	}
+	p.state.Lock()
+	defer p.state.Unlock()
+	return p.err
+}
+
+// Close closes the connection (waiting at most CloseTimeout for the
+// broker's close-ok: a stalled link does not hold it), and returns once
+// every notification channel was closed and read to its end.
+func (p *Publisher) Close() error {
+	err := p.conn.CloseDeadline(time.Now().Add(CloseTimeout))
+	<-p.watching
+	if errors.Is(err, amqp.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+// Declare runs declare (a topology's declarations, say) on the
+// publisher's channel, between publishes.
+func (p *Publisher) Declare(declare func(*amqp.Channel) error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return declare(p.ch)
+}
+
+// Publish sends msgs, mandatory and in order, and waits for the broker's
+// answer to each, or for ctx to end. It never returns before every message
+// has its outcome; messages without an answer are Unanswered. It writes
+// nothing while the broker blocks the connection (a blocked connection is
+// not read, and a write to it can wait for as long as the alarm lasts).
+func (p *Publisher) Publish(ctx context.Context, msgs ...Message) []Result {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	results := make([]Result, len(msgs))
+	if err := p.Err(); err != nil {
+		return unanswered(results, fmt.Errorf("not sent: %w", err))
+	}
+	if why, _ := p.Blocked(); why != "" {
+		return unanswered(results, fmt.Errorf("not sent: the broker blocks publishing (%s)", why))
+	}
+	p.state.Lock()
+	clear(p.returned)
+	p.state.Unlock()
+
+	ids := make([]string, len(msgs))
+	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
+	var sendErr error
+	for i, m := range msgs {
+		if err := validate(m); err != nil {
+			results[i] = Result{Outcome: Invalid, Err: err}
+			continue
+		}
+		if sendErr != nil {
+			results[i] = Result{Err: fmt.Errorf("not sent: %w", sendErr)}
+			continue
+		}
+		p.seq++
+		ids[i] = p.run + "-" + strconv.FormatUint(p.seq, 10)
+		pub := m.Publishing
+		pub.Headers = make(amqp.Table, len(m.Headers)+1)
+		for k, v := range m.Headers {
+			pub.Headers[k] = v
+		}
+		pub.Headers[HeaderPublishID] = ids[i]
+		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, m.Exchange, m.Key, true, false, pub)
+		if err != nil {
+			sendErr = err
+			results[i] = Result{Err: fmt.Errorf("not sent: %w", err)}
+			continue
+		}
+		confirms[i] = dc
+	}
+	for i, dc := range confirms {
+		if dc == nil {
+			continue
+		}
+		select {
+		case <-dc.Done():
+		case <-ctx.Done():
+			results[i] = Result{Err: fmt.Errorf("no confirm: %w", ctx.Err())}
+			continue
+		}
+		results[i] = p.answer(ctx, dc.Acked(), ids[i])
+	}
+	return results
+}
+
+// answer classifies a confirm that arrived: ack (Confirmed, or Returned if
+// a basic.return preceded it), or nack, which amqp091 also reports for
+// every publish still unconfirmed when the channel ends.
+func (p *Publisher) answer(ctx context.Context, acked bool, id string) Result {
+	if acked {
+		// The broker sends basic.return before the ack, and the library
+		// hands it to watch (unbuffered) before it reads the ack: once
+		// watch answers the barrier, the return is recorded.
+		c := make(chan struct{})
+		select {
+		case p.barrier <- c:
+			<-c
+		case <-p.watching:
+		}
+		p.state.Lock()
+		r, returned := p.returned[id]
+		p.state.Unlock()
+		if returned {
+			return Result{Outcome: Returned, Err: fmt.Errorf("returned %d %s: no queue is bound to exchange %q with routing key %q",
+				r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey)}
+		}
+		return Result{Outcome: Confirmed}
+	}
+	if !p.ch.IsClosed() {
+		return Result{Outcome: Nacked, Err: errors.New("the broker refused the message (basic.nack)")}
+	}
+	// The channel ended: wait for watch to have read why.
+	select {
+	case <-p.ended:
+	case <-ctx.Done():
+		return Result{Err: fmt.Errorf("no confirm: the channel closed: %w", ctx.Err())}
+	}
+	err := p.Err()
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Server && ae.Recover && !p.conn.IsClosed() {
+		return Result{Outcome: Refused, Err: fmt.Errorf("the broker closed the channel: %w", ae)}
+	}
+	return Result{Err: fmt.Errorf("no confirm: the connection was lost: %w", err)}
+}
+
+func unanswered(results []Result, err error) []Result {
+	for i := range results {
+		results[i] = Result{Err: err}
+	}
+	return results
+}
+
+// validate refuses what amqp091 cannot encode: it would fail the write and
+// close the whole connection, taking every other publish in flight with it.
+func validate(m Message) error {
+	short := []struct{ name, v string }{
+		{"exchange", m.Exchange}, {"routing key", m.Key}, {"content type", m.ContentType},
+		{"content encoding", m.ContentEncoding}, {"correlation ID", m.CorrelationId}, {"reply-to", m.ReplyTo},
+		{"expiration", m.Expiration}, {"message ID", m.MessageId}, {"type", m.Type}, {"user ID", m.UserId}, {"app ID", m.AppId},
+	}
+	for _, s := range short {
+		if len(s.v) > MaxShortString {
+			return fmt.Errorf("the %s is %d bytes; AMQP allows %d", s.name, len(s.v), MaxShortString)
+		}
+	}
+	for k := range m.Headers {
+		if len(k) > MaxShortString {
+			return fmt.Errorf("header name %.40q… is %d bytes; AMQP allows %d", k, len(k), MaxShortString)
+		}
+	}
+	if err := m.Headers.Validate(); err != nil {
+		return fmt.Errorf("headers: %w", err)
+	}
+	return nil
+}
+
+// MaxShortString is the most bytes an AMQP short string (exchange, routing
+// key, type, content type, message ID, header name) holds.
+const MaxShortString = 255
+
+// CloseTimeout bounds the wait for the broker's close-ok when a Publisher
+// closes its connection.
+const CloseTimeout = 2 * time.Second
+
+// WriteTimeout bounds one write to a broker connection. The broker stops
+// reading a connection it blocks (a resource alarm); without a bound, a
+// write caught by the block would wait as long as the alarm lasts.
+const WriteTimeout = 30 * time.Second
