@@ -14,15 +14,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/crashpoint"
@@ -127,19 +130,21 @@ type run struct {
 	queue string
 	t0    time.Time
 
-	redis    *sandbox.Redis        // a single-node run's Redis
-	rcluster *sandbox.RedisCluster // a cluster run's Redis
-	rabbit   *sandbox.RabbitCluster
-	pubNode  *sandbox.RabbitNode // the node the publisher uses: never stopped
-	amqpURL  string              // the consumers' AMQP_URL
-	pgs      []*sandbox.Postgres // the shards (one without --cluster)
-	pools    []*pgxpool.Pool
-	restarts int // pg-restart faults so far: they take the shards in turn
-	appName  string
-	fleet    *consumers
-	hop      *consumers // the receipts consumers of a two-hop run
-	api      *api       // the second hop's HTTP destination
-	inspect  *sandbox.Inspector
+	redis     *sandbox.Redis        // a single-node run's Redis
+	rcluster  *sandbox.RedisCluster // a cluster run's Redis
+	rabbit    *sandbox.RabbitCluster
+	pubNode   *sandbox.RabbitNode // the node the publisher uses: never stopped
+	amqpURL   string              // the consumers' AMQP_URL
+	cuts      []*sandbox.AMQPCut  // relay-cut: a proxy in front of each node, on the consumers' way to it
+	relayCuts int                 // relay-cut faults so far: they alternate between a publish and a confirm
+	pgs       []*sandbox.Postgres // the shards (one without --cluster)
+	pools     []*pgxpool.Pool
+	restarts  int // pg-restart faults so far: they take the shards in turn
+	appName   string
+	fleet     *consumers
+	hop       *consumers // the receipts consumers of a two-hop run
+	api       *api       // the second hop's HTTP destination
+	inspect   *sandbox.Inspector
 
 	mu       sync.Mutex
 	faults   []Fault
@@ -361,8 +366,34 @@ func (r *run) startServices(ctx context.Context) error {
 		}
 		r.cleanups = append(r.cleanups, r.api.close)
 	}
+	if slices.Contains(r.o.Faults, RelayCut) {
+		if err := r.startCuts(); err != nil {
+			return err
+		}
+	}
 	r.inspect = sandbox.NewInspector(r.publishURL())
 	r.cleanups = append(r.cleanups, r.inspect.Close)
+	return nil
+}
+
+// startCuts puts an AMQPCut in front of each broker node and points the
+// consumers (and the relays they run) at them, for relay-cut.
+func (r *run) startCuts() error {
+	var urls []string
+	for _, u := range broker.SplitURLs(r.amqpURL) {
+		uri, err := amqp.ParseURI(u)
+		if err != nil {
+			return fmt.Errorf("chaos: relay-cut: %w", err)
+		}
+		cut, err := sandbox.StartAMQPCut(net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port)))
+		if err != nil {
+			return err
+		}
+		r.cleanups = append(r.cleanups, cut.Close)
+		r.cuts = append(r.cuts, cut)
+		urls = append(urls, cut.URL(u))
+	}
+	r.amqpURL = strings.Join(urls, ",")
 	return nil
 }
 

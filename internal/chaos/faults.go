@@ -154,6 +154,36 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 			err = fmt.Errorf("no consumer connection named %s* to close", r.fleet.prefix)
 		}
 		return fmt.Sprintf("%d consumer and relay connections closed", n), err
+	case RelayCut:
+		// Publishes and confirms through the proxies are the relays' and
+		// the dead letters' (acks of deliveries travel the other way).
+		c := sandbox.Cut{Dir: sandbox.ToServer, Method: sandbox.BasicPublish, After: 1 + r.relayCuts%7}
+		where := fmt.Sprintf("at its basic.publish #%d", c.After+1)
+		if r.relayCuts%2 == 1 {
+			c = sandbox.Cut{Dir: sandbox.ToClient, Method: sandbox.BasicAck, After: r.relayCuts % 5}
+			where = fmt.Sprintf("before its confirm #%d", c.After+1)
+		}
+		r.relayCuts++
+		before := 0
+		for _, cut := range r.cuts {
+			before += cut.Fired()
+			cut.Arm(c)
+		}
+		deadline := time.Now().Add(p.For)
+		fired := 0
+		for ; fired == 0 && time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(50 * time.Millisecond) {
+			for _, cut := range r.cuts {
+				fired += cut.Fired()
+			}
+			fired -= before
+		}
+		for _, cut := range r.cuts {
+			cut.Disarm()
+		}
+		if fired == 0 {
+			return "", fmt.Errorf("no connection reached the cut %s within %s", where, p.For)
+		}
+		return fmt.Sprintf("a broker connection cut %s", where), nil
 	case RabbitKill:
 		node := r.rabbitTarget()
 		node.Kill()

@@ -14,7 +14,7 @@ import (
 var kindColor = map[Kind]string{
 	ConsumerKill: "#d62728", CrashPoint: "#9467bd", RedisKill: "#e6550d", RedisPause: "#fdae6b",
 	RedisSlow: "#fdd0a2", RedisFlush: "#8c564b", RedisEvict: "#e377c2", PGTerminate: "#6baed6",
-	PGRestart: "#2171b5", AMQPClose: "#31a354", RabbitKill: "#17becf", HTTPFail: "#e377c2", HTTPSlow: "#bcbd22",
+	PGRestart: "#2171b5", AMQPClose: "#31a354", RabbitKill: "#17becf", HTTPFail: "#e377c2", HTTPSlow: "#bcbd22", RelayCut: "#d62728",
 }
 
 // WriteHTML writes a self-contained report: the timeline as an SVG chart

@@ -29,6 +29,7 @@ const (
 	RabbitKill   Kind = "rabbit-kill"   // --cluster: SIGKILL the RabbitMQ node leading a partition queue, restart it later
 	HTTPFail     Kind = "http-fail"     // two hops: the API answers 503 for a while
 	HTTPSlow     Kind = "http-slow"     // two hops: the API answers after the relays gave up on it, for a while
+	RelayCut     Kind = "relay-cut"     // two hops: cut a relay's broker connection mid-pass, at a publish or before a confirm
 )
 
 // Describe says what each kind does, for --help.
@@ -46,15 +47,16 @@ var Describe = map[Kind]string{
 	RabbitKill:   "--cluster only: SIGKILL the RabbitMQ node that leads a partition queue, restart it seconds later",
 	HTTPFail:     "second hop: the API answers 503 for seconds",
 	HTTPSlow:     "second hop: the API acts on each request but answers only after the relay's timeout, for seconds",
+	RelayCut:     "second hop: cut a broker connection mid-pass, at a relay's basic.publish or before its confirm (the fleet reaches the broker through an AMQP-aware proxy)",
 }
 
 // Kinds lists every fault kind.
 var Kinds = []Kind{ConsumerKill, CrashPoint, RedisKill, RedisPause, RedisSlow, RedisFlush,
-	RedisEvict, PGTerminate, PGRestart, AMQPClose, RabbitKill, HTTPFail, HTTPSlow}
+	RedisEvict, PGTerminate, PGRestart, AMQPClose, RabbitKill, HTTPFail, HTTPSlow, RelayCut}
 
 // TwoHopOnly are the kinds that need the second hop: "all" leaves them out
 // of a run without it.
-var TwoHopOnly = []Kind{HTTPFail, HTTPSlow}
+var TwoHopOnly = []Kind{HTTPFail, HTTPSlow, RelayCut}
 
 // ClusterOnly are the kinds that need --cluster: "all" leaves them out of a
 // run on one node.

@@ -101,7 +101,7 @@ func TestFirstRoundFitsInTheStream(t *testing.T) {
 func TestParseKinds(t *testing.T) {
 	all, err := ParseKinds("all", false, false)
 	require.NoError(t, err)
-	require.Equal(t, Kinds[:len(Kinds)-3], all, "all but the cluster-only and two-hop kinds")
+	require.Equal(t, Kinds[:len(Kinds)-4], all, "all but the cluster-only and two-hop kinds")
 	require.NotContains(t, all, RabbitKill)
 	all, err = ParseKinds("all", true, true)
 	require.NoError(t, err)

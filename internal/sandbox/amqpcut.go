@@ -95,6 +95,13 @@ func (p *AMQPCut) Arm(cuts ...Cut) {
 	p.cuts = append(p.cuts, cuts...)
 }
 
+// Disarm drops the cuts that have not fired.
+func (p *AMQPCut) Disarm() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cuts = nil
+}
+
 // Fired returns how many cuts have fired.
 func (p *AMQPCut) Fired() int {
 	p.mu.Lock()
