@@ -67,11 +67,19 @@ func (t Topology) Queues() []string {
 	return out
 }
 
+// MaxStrayPartition bounds the partition queues Strays looks for beyond the
+// stream's count: none numbered at or above it (1024, the most partitions
+// a relay's queue destination may name).
+const MaxStrayPartition = 1024
+
 // Strays returns the queues of the stream outside its layout that a
 // publisher may still send to: Queue itself while the stream is
-// partitioned (it was one queue once), and the queues of the former
-// partition count (0: none) that the current one lacks. Nobody consumes
-// them; a message there is stranded.
+// partitioned (it was one queue once), the queues of the former partition
+// count (0: none) that the current one lacks, and, for a publisher outside
+// idem configured with a larger count (nothing records its count), the
+// partition queues numbered from the current count n (0 for one queue) up
+// to max(2n, n+8), below MaxStrayPartition. Nobody consumes them; a message
+// there is stranded.
 func (t Topology) Strays(former int) []string {
 	current := t.Queues()
 	old := t
@@ -79,6 +87,12 @@ func (t Topology) Strays(former int) []string {
 	candidates := []string{t.Queue}
 	if former > 0 {
 		candidates = append(candidates, old.Queues()...)
+	}
+	n := max(t.Partitions, 1)
+	wider := t
+	wider.Partitions = min(max(2*n, n+8), MaxStrayPartition)
+	if wider.Partitions > n {
+		candidates = append(candidates, wider.Queues()...)
 	}
 	var out []string
 	for _, q := range candidates {

@@ -66,6 +66,9 @@ func RunConsume(ctx context.Context, e *Env, args []string) error {
 	sc.Metrics = reg
 	var rs []*relay.Relay
 	if cfg.Outbox.Relay {
+		if err := checkDestinations(ctx, cfg, dbs, log); err != nil {
+			return err
+		}
 		if rs, err = newRelays(cfg, dbs, reg, log, *name+"-relay"); err != nil {
 			return err
 		}

@@ -53,9 +53,10 @@ func (h *hold) over(d time.Duration) bool {
 // splits them, until the event that fails stands alone; a lone event is
 // dead-lettered at once if it can never succeed, retried with backoff up to
 // Config.DeliveryLimit attempts otherwise (in place with KeyOrder, through
-// the queue without).
+// the queue without). With KeyOrder, the items of a key held after a
+// hand-back go back to the queue first (passHeld).
 func (w *worker[T]) handle(ctx context.Context, items []item[T], h *hold) {
-	if len(items) == 0 {
+	if items = w.passHeld(ctx, items); len(items) == 0 {
 		return
 	}
 	cfg := &w.c.cfg
@@ -107,7 +108,7 @@ func (w *worker[T]) handle(ctx context.Context, items []item[T], h *hold) {
 		delay := cfg.RetryBackoff.Delay(attempt)
 		cfg.Logger.Debug("attempt failed, will retry", "event_id", it.ev.ID, "reason", reason, "attempt", attempt, "delay", delay)
 		if !sleep(w.stop, delay) {
-			w.requeue(ctx, it, wire.RequeueShutdown, err)
+			w.handBack(ctx, it, wire.RequeueShutdown, err)
 			return
 		}
 		if !cfg.KeyOrder {
@@ -149,10 +150,10 @@ func (w *worker[T]) holdInPlace(ctx context.Context, items []item[T], h *hold, w
 	return true
 }
 
-// requeueAll hands every item back to the queue.
+// requeueAll hands every item back to the queue, in order.
 func (w *worker[T]) requeueAll(ctx context.Context, items []item[T], reason string, err error) {
 	for _, it := range items {
-		w.requeue(ctx, it, reason, err)
+		w.handBack(ctx, it, reason, err)
 	}
 }
 
@@ -195,7 +196,7 @@ func (w *worker[T]) settle(ctx context.Context, items []item[T], res []guard.Res
 			continue
 		case guard.OutcomeUnknown:
 			w.c.cfg.Logger.Error("no outcome for a delivery of a decided batch: handing it back (a bug)", "event_id", items[i].ev.ID)
-			w.requeue(ctx, items[i], wire.RequeueNoOutcome, nil)
+			w.handBack(ctx, items[i], wire.RequeueNoOutcome, nil)
 			continue
 		}
 		acked = append(acked, items[i])

@@ -73,8 +73,11 @@ type Config struct {
 	// FormerPartitions is the stream's partition count before its last
 	// change (recorded in idem_stream), 0 if it never changed. The
 	// consumer watches the queues of the stream that its layout lacks
-	// (Queue itself while partitioned, and the former count's extra
-	// partitions) and reports any message stranded there (Stats, logs).
+	// (Queue itself while partitioned, the former count's extra
+	// partitions, and, for a publisher outside idem that routes by a
+	// larger count, the partitions from Partitions up to
+	// max(2×Partitions, Partitions+8), below 1024) and reports any message
+	// stranded there (Stats, logs).
 	FormerPartitions int
 	// ConnectionName is the client-provided connection name shown by the
 	// broker. Defaults to "idem-consumer".
@@ -103,9 +106,13 @@ type Config struct {
 	// a batch waits for the batches before it that hold one of its keys,
 	// events another consumer holds the lease on are not set aside, and a
 	// failing event is retried in place, holding its key, rather than
-	// handed back to the queue. For handlers where a refund must follow its
-	// payment. It keeps delivery order only with one consumer per partition
-	// (or queue), and a dead-lettered event is passed by the ones after it.
+	// handed back to the queue. An event that is handed back all the same
+	// (held in place past StoreHold, or at shutdown) keeps its key held:
+	// the key's events received after it go back to the queue too, in
+	// order, until it comes back. For handlers where a refund must follow
+	// its payment. It keeps delivery order only with one consumer per
+	// partition (or queue), and a dead-lettered event is passed by the ones
+	// after it.
 	// Off by default: without it, Workers batches run at once and a later
 	// batch may commit before an earlier one.
 	KeyOrder bool

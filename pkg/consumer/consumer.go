@@ -135,8 +135,8 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer pub.conn.Close()
-	if err := c.topology.Declare(pub.ch); err != nil {
+	defer pub.Close()
+	if err := pub.Declare(c.topology.Declare); err != nil {
 		return &declareError{err}
 	}
 	sub, err := c.subscribe(conn)
@@ -158,7 +158,7 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	// stop ends backoff waits as soon as shutdown begins or the session fails.
 	stop, stopWaits := context.WithCancel(ctx)
 	defer stopWaits()
-	w := &worker[T]{c: &c.shared, dl: &deadLetterer{pub: pub.ch, returns: pub.returns}, acker: newAcker(sub.ch), stop: stop, queueOf: sub.queueOf,
+	w := &worker[T]{c: &c.shared, dl: &deadLetterer{pub: pub}, acker: newAcker(sub.ch), stop: stop, queueOf: sub.queueOf,
 		letters: make(chan letter[T], c.cfg.Prefetch)}
 	c.live.Store(w.acker)
 	defer c.live.Store(nil)
@@ -185,8 +185,7 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	}
 	w.acker.flush()
 	_ = sub.ch.Close()
-	_ = pub.ch.Close()
-	_ = pub.conn.Close()
+	_ = pub.Close()
 	if err := conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
 		return fmt.Errorf("close: %w", err)
 	}
@@ -194,18 +193,11 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	return nil
 }
 
-// publisher is a session's publishing side: a connection of its own, to
-// the node of the consuming connection, with a confirming channel. During a
-// memory or disk alarm the broker stops reading a connection that
+// openPublisher opens a session's publishing side: a connection of its own,
+// to the node of the consuming connection, with a confirming publisher.
+// During a memory or disk alarm the broker stops reading a connection that
 // publishes, and acks sent on it would stop with the publish.
-type publisher struct {
-	conn                 *amqp.Connection
-	ch                   *amqp.Channel
-	connClosed, chClosed chan *amqp.Error
-	returns              chan amqp.Return
-}
-
-func (c *Consumer[T]) openPublisher(node int) (*publisher, error) {
+func (c *Consumer[T]) openPublisher(node int) (*broker.Publisher, error) {
 	conn, _, err := broker.Dial(c.urls[node:node+1], 0, amqp.Config{
 		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName + broker.PublishingConnectionSuffix},
 		Heartbeat:  10 * time.Second,
@@ -213,21 +205,11 @@ func (c *Consumer[T]) openPublisher(node int) (*publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial publishing connection: %w", err)
 	}
-	p := &publisher{conn: conn, connClosed: conn.NotifyClose(make(chan *amqp.Error, 1))}
-	go c.watchBlocked(conn.NotifyBlocked(make(chan amqp.Blocking, 4))) // ends when conn closes
-	if p.ch, err = conn.Channel(); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("open publish channel: %w", err)
+	pub, err := broker.NewPublisher(conn, broker.PublisherOptions{OnBlocked: c.onBlocked})
+	if err != nil {
+		return nil, fmt.Errorf("publishing connection: %w", err)
 	}
-	p.chClosed = p.ch.NotifyClose(make(chan *amqp.Error, 1))
-	// Buffered beyond the one publish in flight, so a late return of a
-	// timed-out publish never blocks the library's reader.
-	p.returns = p.ch.NotifyReturn(make(chan amqp.Return, 16))
-	if err := p.ch.Confirm(false); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("enable publisher confirms: %w", err)
-	}
-	return p, nil
+	return pub, nil
 }
 
 // subscription is a session's consume channel, with one consumer per queue
@@ -308,7 +290,7 @@ func (w *worker[T]) start(ctx context.Context, deliveries <-chan amqp.Delivery) 
 // awaitEnd waits for shutdown (nil: it cancels the consumers, and the
 // library then closes the deliveries) or for what ends the session (its
 // cause).
-func (c *Consumer[T]) awaitEnd(ctx context.Context, connClosed chan *amqp.Error, pub *publisher, sub *subscription, workersDone <-chan struct{}) error {
+func (c *Consumer[T]) awaitEnd(ctx context.Context, connClosed chan *amqp.Error, pub *broker.Publisher, sub *subscription, workersDone <-chan struct{}) error {
 	select {
 	case <-ctx.Done():
 		for tag := range sub.queueOf {
@@ -321,10 +303,8 @@ func (c *Consumer[T]) awaitEnd(ctx context.Context, connClosed chan *amqp.Error,
 		return fmt.Errorf("connection closed: %w", amqpErr(e))
 	case e := <-sub.closed:
 		return fmt.Errorf("consume channel closed: %w", amqpErr(e))
-	case e := <-pub.chClosed:
-		return fmt.Errorf("publish channel closed: %w", amqpErr(e))
-	case e := <-pub.connClosed:
-		return fmt.Errorf("publishing connection closed: %w", amqpErr(e))
+	case <-pub.Done():
+		return fmt.Errorf("publishing connection ended: %w", pub.Err())
 	case tag, ok := <-sub.cancelled:
 		if !ok {
 			return errors.New("consume channel closed")
@@ -336,8 +316,14 @@ func (c *Consumer[T]) awaitEnd(ctx context.Context, connClosed chan *amqp.Error,
 }
 
 // strayCheckEvery is how often a session looks for messages stranded in
-// the stream's queues outside its layout.
-const strayCheckEvery = 10 * time.Second
+// the stream's queues outside its layout. A queue found missing is looked
+// for again only every strayMissingEvery checks (a minute): each look at a
+// missing queue closes a channel and costs a line in the broker's log, and
+// most strays (the partitions beyond the count) never exist.
+const (
+	strayCheckEvery   = 10 * time.Second
+	strayMissingEvery = 6
+)
 
 // watchStrays checks the stream's stray queues (broker.Topology.Strays) at once and
 // then every strayCheckEvery until ctx ends, records what it finds for
@@ -355,9 +341,14 @@ func (c *Consumer[T]) watchStrays(ctx context.Context, conn *amqp.Connection) {
 	t := time.NewTicker(strayCheckEvery)
 	defer t.Stop()
 	last := -1
+	skip := map[string]int{} // checks a missing queue sits out
 	for {
 		found := map[string]int{}
 		for _, q := range c.strays {
+			if skip[q] > 0 {
+				skip[q]--
+				continue
+			}
 			if ch == nil || ch.IsClosed() {
 				var err error
 				if ch, err = conn.Channel(); err != nil {
@@ -366,8 +357,13 @@ func (c *Consumer[T]) watchStrays(ctx context.Context, conn *amqp.Connection) {
 			}
 			// A passive declare of a queue that does not exist closes the
 			// channel: the queue is simply not there.
-			if info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err == nil && info.Messages > 0 {
+			info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+			var notFound *amqp.Error
+			switch {
+			case err == nil && info.Messages > 0:
 				found[q] = info.Messages
+			case errors.As(err, &notFound) && notFound.Code == amqp.NotFound:
+				skip[q] = strayMissingEvery - 1
 			}
 		}
 		c.stranded.Store(&found)
@@ -392,17 +388,15 @@ func (c *Consumer[T]) watchStrays(ctx context.Context, conn *amqp.Connection) {
 	}
 }
 
-// watchBlocked records the broker's connection.blocked and
-// connection.unblocked notifications, until the connection closes them.
-func (c *Consumer[T]) watchBlocked(notes <-chan amqp.Blocking) {
-	for n := range notes {
-		c.blocked.set(n)
-		if n.Active {
-			c.cfg.Observer.Count(wire.CounterPublishBlocked, 1)
-			c.cfg.Logger.Warn("the broker blocks publishing (a resource alarm): dead letters wait, acks go on", "reason", n.Reason)
-		} else {
-			c.cfg.Logger.Info("the broker unblocked publishing")
-		}
+// onBlocked records the broker's connection.blocked and
+// connection.unblocked notifications for the publishing connection.
+func (c *Consumer[T]) onBlocked(n amqp.Blocking) {
+	c.blocked.set(n)
+	if n.Active {
+		c.cfg.Observer.Count(wire.CounterPublishBlocked, 1)
+		c.cfg.Logger.Warn("the broker blocks publishing (a resource alarm): dead letters wait, acks go on", "reason", n.Reason)
+	} else {
+		c.cfg.Logger.Info("the broker unblocked publishing")
 	}
 }
 

@@ -63,7 +63,8 @@ type Stats struct {
 	// Prefetch is Config.Prefetch.
 	Prefetch int
 	// Stranded counts the messages in queues of the stream that nobody
-	// consumes (see Config.FormerPartitions), as last checked; StrandedIn names them.
+	// consumes (see Config.FormerPartitions: a former partition count, or
+	// partitions beyond the count), as last checked; StrandedIn names them.
 	Stranded   int
 	StrandedIn []string
 	// Blocked says why the broker blocks this consumer's publishing

@@ -45,6 +45,8 @@ type rig struct {
 	queue string
 	ch    *amqp.Channel
 	stats map[string]*atomic.Int64 // deliveries by outcome, and Counter* counts
+	// consumerStats is the consumer's Stats.
+	consumerStats func() consumer.Stats
 
 	mu      sync.Mutex
 	settled []settledAt // every settlement, in order
@@ -103,6 +105,7 @@ func startRigWith[T any](t *testing.T, h consumer.Handler[T], fast guard.FastPat
 	}
 	c, err := consumer.New(cfg, g, h)
 	require.NoError(t, err)
+	r.consumerStats = c.Stats
 	conn, err := amqp.Dial(url)
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })

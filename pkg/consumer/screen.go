@@ -225,7 +225,8 @@ func (w *worker[T]) screenShard(ctx context.Context, items []item[T]) (screened[
 }
 
 // decide takes a screened batch to durable outcomes and acks it. With
-// Config.KeyOrder it first waits for the batches before it that share a key.
+// Config.KeyOrder it first waits for the batches before it that share a key,
+// and hands back the items of a key held after a hand-back (passHeld).
 func (w *worker[T]) decide(ctx context.Context, s screened[T]) {
 	if s.finished != nil {
 		for _, prev := range s.after {
@@ -237,17 +238,25 @@ func (w *worker[T]) decide(ctx context.Context, s screened[T]) {
 		w.handle(ctx, s.items, &hold{})
 		return
 	}
+	items := make([]item[T], 0, len(s.items))
+	for i, it := range s.items {
+		if !s.deferred[i] {
+			items = append(items, it)
+		}
+	}
+	if keep := w.passHeld(ctx, items); len(keep) < len(items) {
+		// A key of the batch is held: its items went back to the queue,
+		// and the rest are screened again without them.
+		w.c.guard.Abandon(ctx, s.batch)
+		w.handle(ctx, keep, &hold{})
+		return
+	}
 	actx, cancel := context.WithTimeout(ctx, w.c.cfg.HandlerTimeout)
 	res, err := w.c.guard.Decide(actx, s.batch, w.applyBatch(s.items))
 	cancel()
-	items := make([]item[T], 0, len(s.items))
 	var outcomes []guard.Result
-	for i, it := range s.items {
-		if s.deferred[i] {
-			continue
-		}
-		items = append(items, it)
-		if err == nil {
+	for i := range s.items {
+		if !s.deferred[i] && err == nil {
 			outcomes = append(outcomes, res[i])
 		}
 	}

@@ -4,10 +4,8 @@ import (
 	"cmp"
 	"context"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
@@ -42,6 +40,42 @@ type worker[T any] struct {
 	queueOf map[string]string
 	// letters are the dead letters sendLetters publishes, in order.
 	letters chan letter[T]
+	// holds are the keys held after a hand-back (Config.KeyOrder).
+	holds keyHolds
+}
+
+// keyHolds keeps a key held, with Config.KeyOrder, once one of its events
+// was handed back to the queue (held in place past StoreHold, say): the
+// events of that key this consumer received before the hand-back must not
+// be applied ahead of it, so they are handed back too, in order. The broker
+// puts a handed-back message back at its place in the queue, so the key's
+// events come back in their order; the hold ends at the first redelivery of
+// one of the events handed back (the earliest, unless another consumer took
+// it). A session's deliveries all return when it ends, and its holds end
+// with it.
+type keyHolds struct {
+	mu   sync.Mutex
+	held map[string]*keyHold // by guard.Event.ShardKey
+}
+
+// keyHold is one held key.
+type keyHold struct {
+	reason string          // why its first event was handed back
+	ids    map[string]bool // the IDs of its events handed back since
+}
+
+// add records that the event id of key goes back to the queue for reason.
+// Callers hold k.mu.
+func (k *keyHolds) add(key, id, reason string) {
+	if k.held == nil {
+		k.held = map[string]*keyHold{}
+	}
+	h, ok := k.held[key]
+	if !ok {
+		h = &keyHold{reason: reason, ids: map[string]bool{}}
+		k.held[key] = h
+	}
+	h.ids[id] = true
 }
 
 // letter is a dead letter on its way: the delivery, why, and what to publish.
@@ -64,14 +98,10 @@ type item[T any] struct {
 	received time.Time
 }
 
-// deadLetterer publishes dead letters on a confirm-mode channel, one at a
-// time: dead letters are rare, and one publish in flight lets a basic.return
-// (which the broker sends before the publish's ack) be matched to it.
+// deadLetterer publishes dead letters on the session's confirming
+// publisher, one at a time (dead letters are rare).
 type deadLetterer struct {
-	mu      sync.Mutex
-	pub     *amqp.Channel
-	returns chan amqp.Return
-	seq     uint64
+	pub *broker.Publisher
 }
 
 // prepare decodes d, received at received, and checks its time. A delivery
@@ -242,43 +272,20 @@ func (w *worker[T]) sendLetter(ctx context.Context, l letter[T]) {
 // publish sends p to t's dead-letter exchange, mandatory, and reports
 // whether the broker routed it to a queue and confirmed it.
 func (dl *deadLetterer) publish(ctx context.Context, timeout time.Duration, t broker.Topology, p amqp.Publishing) (routed bool, err error) {
-	dl.mu.Lock()
-	defer dl.mu.Unlock()
-	dl.seq++
-	id := strconv.FormatUint(dl.seq, 10)
-	p.Headers[wire.HeaderDeadLetterID] = id
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	dc, err := dl.pub.PublishWithDeferredConfirmWithContext(ctx, t.DeadLetterExchange, t.DeadLetterQueue, true, false, p)
-	if err != nil {
-		return false, err
+	res := dl.pub.Publish(ctx, broker.Message{Exchange: t.DeadLetterExchange, Key: t.DeadLetterQueue, Publishing: p})[0]
+	switch res.Outcome {
+	case broker.Confirmed:
+		return true, nil
+	case broker.Returned:
+		return false, nil
 	}
-	ok, err := dc.WaitContext(ctx)
-	if err != nil {
-		return false, err
-	}
-	if !ok {
-		return false, errors.New("broker nacked the dead letter")
-	}
-	// The broker sends basic.return before the ack, and the library hands
-	// it to our buffered channel before it reads the ack: if this publish
-	// was returned, the return is already waiting.
-	for {
-		select {
-		case r := <-dl.returns:
-			if r.Headers[wire.HeaderDeadLetterID] == id {
-				return false, nil
-			}
-		default:
-			return true, nil
-		}
-	}
+	return false, res.Err
 }
 
 func (dl *deadLetterer) redeclare(t broker.Topology) error {
-	dl.mu.Lock()
-	defer dl.mu.Unlock()
-	return t.Declare(dl.pub)
+	return dl.pub.Declare(t.Declare)
 }
 
 // deliveryCount is how many times the broker delivered d before. Only the
