@@ -196,7 +196,8 @@ func IsHelp(err error) bool { return errors.Is(err, errHelp) }
 // newLogger) and logs the config's warnings once.
 func (e *Env) LoadConfig(path string) (config.Config, *slog.Logger, error) {
 	cfg, err := config.Load(path, e.environ())
-	e.red.Add(cfg.AMQPURL, cfg.RedisURL, cfg.DatabaseURL, cfg.Postgres.Shards) // the file may set them too
+	e.red.Add(cfg.AMQPURL, cfg.RedisURL, cfg.DatabaseURL, cfg.Postgres.Shards, // the file may set them too
+		cfg.Outbox.Destinations) // an HTTP destination's URL may hold a token
 	if err != nil {
 		if cfg.LogFormat == "json" { // read before the error: report it as JSON
 			e.jsonLog = newLogger(e.Stderr, "json", slog.LevelInfo)

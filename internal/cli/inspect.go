@@ -80,7 +80,11 @@ shard: an event ID alone does not say which shard its user maps to.`)
 		if found {
 			rows++
 		}
-		if err := inspectOutbox(ctx, tw, pool, cfg.Scope, id, on); err != nil {
+		replay := "idem outbox replay"
+		if len(dbs) > 1 {
+			replay += fmt.Sprintf(" --shard %d", i)
+		}
+		if err := inspectOutbox(ctx, tw, pool, cfg.Scope, id, on, replay); err != nil {
 			return err
 		}
 		n, shown, err := inspectPayment(ctx, tw, pool, id, on)
@@ -144,7 +148,9 @@ func inspectDedupRow(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, scop
 
 // inspectOutbox prints the messages the event sent through the outbox, and
 // whether each was sent.
-func inspectOutbox(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, scope, id, on string) error {
+// replay is the command that replays one of its rows (with --shard where
+// there are several).
+func inspectOutbox(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, scope, id, on, replay string) error {
 	var present bool
 	if err := pool.QueryRow(ctx, `SELECT to_regclass('idem_outbox') IS NOT NULL`).Scan(&present); err != nil || !present {
 		return dbErr(err) // nil when the table is absent: an older schema sends nothing
@@ -154,18 +160,18 @@ func inspectOutbox(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, scope,
 		return dbErr(err)
 	}
 	for _, m := range msgs {
-		fmt.Fprintf(tw, "outgoing %d%s:	message %s to %s, key %q: %s\n", m.Index, on, m.MessageID, m.Destination, m.Key, describeMessage(m))
+		fmt.Fprintf(tw, "outgoing %d%s:	message %s to %s, key %q: %s\n", m.Index, on, m.MessageID, m.Destination, m.Key, describeMessage(m, replay))
 	}
 	return nil
 }
 
 // describeMessage says where an outbox row stands.
-func describeMessage(m relay.Message) string {
+func describeMessage(m relay.Message, replay string) string {
 	switch {
 	case m.State == "sent" && m.SentAt != nil:
 		return fmt.Sprintf("sent %s, %s after its commit, attempt %d", m.SentAt.UTC().Format(time.RFC3339Nano), m.SentAt.Sub(m.CreatedAt).Round(time.Millisecond), m.Attempts)
 	case m.State == "dead":
-		return fmt.Sprintf("DEAD after %d attempt(s): %s (idem outbox replay --id %d)", m.Attempts, m.LastError, m.ID)
+		return fmt.Sprintf("DEAD after %d attempt(s): %s (%s --id %d)", m.Attempts, m.LastError, replay, m.ID)
 	case m.Attempts > 0:
 		return fmt.Sprintf("pending, %d failed attempt(s), last: %s", m.Attempts, m.LastError)
 	}

@@ -50,6 +50,9 @@ per shard runs in this process. Applies idem's pending migrations at start.`)
 			return err
 		}
 	}
+	if err := checkDestinations(ctx, cfg, dbs, log); err != nil {
+		return err
+	}
 	reg := telemetry.NewRegistry()
 	rs, err := newRelays(cfg, dbs, reg, log, *name)
 	if err != nil {
@@ -145,13 +148,17 @@ func withRelayHealth(h http.Handler, rs []*relay.Relay) http.Handler {
 }
 
 func runOutbox(ctx context.Context, e *Env, args []string) error {
-	const usage = `Usage: idem outbox list [--dead|--pending] [-n N] [--config F]
-       idem outbox replay (--id N[,N…] | --all-dead) [--config F]
+	const usage = `Usage: idem outbox list [--dead|--pending] [-n N] [--shard S] [--config F]
+       idem outbox replay (--id N[,N…] | --all-dead) [--shard S] [--config F]
 
 list shows outbox rows, oldest first: message ID, event, destination, state,
 attempts and the last error. replay makes dead rows pending again with a
 fresh attempt budget; the relay publishes them with their original message
-IDs, so a receiver that already took one drops it.`
+IDs, so a receiver that already took one drops it.
+
+With postgres.shards, each shard numbers its rows: list shows a row's ID as
+"shard S: N", and replay --id N needs --shard S. replay --all-dead replays
+every shard's dead rows, or with --shard S only that shard's.`
 	if len(args) == 0 || (args[0] != "list" && args[0] != "replay") {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
 			fmt.Fprintln(e.Stdout, usage)
@@ -160,6 +167,7 @@ IDs, so a receiver that already took one drops it.`
 		fmt.Fprintln(e.Stderr, usage)
 		return ErrUsage
 	}
+	cmd := "idem outbox " + args[0]
 	fs := NewFlags(e, "outbox "+args[0], usage)
 	path := fs.String("config", "", "YAML config `file`")
 	dead := fs.Bool("dead", false, "list: only dead rows")
@@ -167,23 +175,46 @@ IDs, so a receiver that already took one drops it.`
 	n := fs.Int("n", 100, "list: most rows (per shard)")
 	ids := fs.String("id", "", "replay: the rows' ids (the first column of list), separated by commas")
 	all := fs.Bool("all-dead", false, "replay: every dead row")
+	shard := fs.Int("shard", -1, "only shard `S` of postgres.shards (counted from 0); replay --id needs it when there are several")
 	if err := Parse(fs, args[1:]); err != nil {
 		return err
 	}
-	if args[0] == "replay" && (*ids == "") == !*all {
-		return UsageErr(e, "idem outbox replay: give --id or --all-dead, not both or neither")
+	var rowIDs []int64
+	if args[0] == "replay" {
+		if (*ids == "") == !*all {
+			return UsageErr(e, "%s: give --id or --all-dead, not both or neither", cmd)
+		}
+		var err error
+		if rowIDs, err = parseIDs(*ids); err != nil {
+			return UsageErr(e, "%s: --id: %v", cmd, err)
+		}
+		if !*all && len(rowIDs) == 0 {
+			// An empty list must not reach Replay, which takes it as every row.
+			return UsageErr(e, "%s: --id %q names no row (to replay every dead row, give --all-dead)", cmd, *ids)
+		}
 	}
-	rowIDs, err := parseIDs(*ids)
+	cfg, _, err := e.LoadConfig(*path)
 	if err != nil {
-		return UsageErr(e, "idem outbox replay: --id: %v", err)
+		return err
 	}
-	_, _, dbs, err := e.LoadDB(ctx, *path)
+	shards := len(cfg.DatabaseURLs())
+	switch {
+	case *shard >= shards || *shard < -1:
+		return UsageErr(e, "%s: --shard %d: postgres.shards lists %d shard(s), numbered from 0", cmd, *shard, shards)
+	case len(rowIDs) > 0 && shards > 1 && *shard < 0:
+		// Each shard numbers its rows from 1: row N exists on every shard.
+		return UsageErr(e, "%s: --id: row ids are per shard and postgres.shards lists %d; add --shard S (list shows a row as \"shard S: N\")", cmd, shards)
+	}
+	dbs, err := OpenShards(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer dbs.Close()
 	if args[0] == "replay" {
 		for i, pool := range dbs {
+			if *shard >= 0 && i != *shard {
+				continue
+			}
 			k, err := relay.Replay(ctx, pool, rowIDs)
 			if err != nil {
 				return dbErr(err)
@@ -195,7 +226,7 @@ IDs, so a receiver that already took one drops it.`
 	state := ""
 	switch {
 	case *dead && *pending:
-		return UsageErr(e, "idem outbox list: --dead or --pending, not both")
+		return UsageErr(e, "%s: --dead or --pending, not both", cmd)
 	case *dead:
 		state = "dead"
 	case *pending:
@@ -205,13 +236,19 @@ IDs, so a receiver that already took one drops it.`
 	defer tw.Flush()
 	fmt.Fprintln(tw, "ID\tMESSAGE ID\tSCOPE/EVENT\tTO\tKEY\tSTATE\tATTEMPTS\tAGE\tLAST ERROR")
 	for i, pool := range dbs {
+		if *shard >= 0 && i != *shard {
+			continue
+		}
 		msgs, err := relay.List(ctx, pool, relay.Filter{State: state, Limit: *n})
 		if err != nil {
 			return dbErr(err)
 		}
 		for _, m := range msgs {
+			// The error may quote an HTTP destination's URL (rows written
+			// before the relay masked it): masked here, before the columns
+			// are aligned, rather than by the output's redactor after.
 			fmt.Fprintf(tw, "%s%d\t%s\t%s/%s#%d\t%s\t%s\t%s\t%d\t%s\t%s\n", shardPrefix(dbs, i), m.ID, m.MessageID, m.Scope, m.EventID, m.Index,
-				m.Destination, m.Key, m.State, m.Attempts, time.Since(m.CreatedAt).Round(time.Second), m.LastError)
+				m.Destination, m.Key, m.State, m.Attempts, time.Since(m.CreatedAt).Round(time.Second), e.red.String(m.LastError))
 		}
 	}
 	return nil

@@ -146,8 +146,8 @@ const (
 
 // Queue is a dead-letter queue and the work queues it belongs to.
 type Queue struct {
-	conn *amqp.Connection // gets and acks
-	pub  *amqp.Connection // fences, re-publishes and replays
+	conn *amqp.Connection  // gets and acks
+	pub  *broker.Publisher // fences, re-publishes and replays
 	// Topology names the work queues (every partition) and their shared
 	// dead-letter queue.
 	Topology broker.Topology
@@ -165,10 +165,15 @@ func Open(url string, t broker.Topology) (*Queue, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dlq: dial: %w", err)
 	}
-	pub, _, err := broker.Dial(urls[node:node+1], 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-dlq-publish"}})
+	pubConn, _, err := broker.Dial(urls[node:node+1], 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-dlq-publish"}})
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("dlq: dial publishing connection: %w", err)
+	}
+	pub, err := broker.NewPublisher(pubConn, broker.PublisherOptions{})
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("dlq: publishing connection: %w", err)
 	}
 	return &Queue{conn: conn, pub: pub, Topology: t, Work: t.Queue, DLQ: t.DeadLetterQueue}, nil
 }
@@ -180,9 +185,54 @@ func (q *Queue) Close() error { return errors.Join(q.conn.Close(), q.pub.Close()
 // tail, with the walk's own ID.
 const HeaderFence = "x-idem-dlq-fence"
 
-// staleFence is how old another walk's fence must be to be taken for one a
-// walk that died left behind, and removed.
+// HeaderFenceOwner names, on a walk's fence, the queue the walk holds
+// while it runs (see holdFence): another walk removes the fence as left
+// behind only once that queue is gone.
+const HeaderFenceOwner = "x-idem-dlq-fence-owner"
+
+// staleFence is how old a fence without HeaderFenceOwner (an older idem's)
+// must be to be taken for one a walk that died left behind, and removed.
 const staleFence = time.Hour
+
+// holdFence declares the queue that says the walk of fence runs: exclusive
+// to the walk's connection, so the broker deletes it when the connection
+// ends, however the walk ends; release deletes it when the walk returns. A
+// walk may take longer than any age, so age alone cannot tell a fence left
+// behind from one whose walk is still running.
+func (q *Queue) holdFence(fence string) (owner string, release func(), err error) {
+	ch, err := q.conn.Channel()
+	if err != nil {
+		return "", nil, fmt.Errorf("dlq: open channel: %w", err)
+	}
+	owner = "idem.dlq-walk." + fence
+	if _, err := ch.QueueDeclare(owner, false, false, true, false, nil); err != nil {
+		_ = ch.Close()
+		return "", nil, fmt.Errorf("dlq: declare the walk's queue %q (the user needs configure permission on idem.dlq-walk.*): %w", owner, err)
+	}
+	return owner, func() {
+		_, _ = ch.QueueDelete(owner, false, false, false)
+		_ = ch.Close()
+	}, nil
+}
+
+// leftBehind reports whether fence d belongs to a walk that no longer
+// runs: the queue it held is gone. Any other answer (the broker's
+// resource_locked for another connection's exclusive queue, an error) is
+// taken for a running walk, whose fence is kept.
+func (q *Queue) leftBehind(d amqp.Delivery) bool {
+	owner, ok := d.Headers[HeaderFenceOwner].(string)
+	if !ok {
+		return time.Since(d.Timestamp) > staleFence
+	}
+	ch, err := q.conn.Channel()
+	if err != nil {
+		return false
+	}
+	defer ch.Close() // already closed by the broker if the queue is gone or locked
+	_, err = ch.QueueDeclarePassive(owner, false, false, true, false, nil)
+	var ae *amqp.Error
+	return errors.As(err, &ae) && ae.Code == amqp.NotFound
+}
 
 // Walk visits the messages in the dead-letter queue when it starts, oldest
 // first (see the package comment), and acks those the visitor removes; it
@@ -207,9 +257,13 @@ func (q *Queue) Walk(ctx context.Context, visit func(Message) (Verdict, error)) 
 	if err != nil {
 		return 0, err
 	}
-	defer p.close()
 	fence := p.run
-	err = p.send(ctx, q.DLQ, amqp.Publishing{Headers: amqp.Table{HeaderFence: fence}, Timestamp: time.Now(), DeliveryMode: amqp.Persistent})
+	owner, release, err := q.holdFence(fence)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	err = p.send(ctx, q.DLQ, amqp.Publishing{Headers: amqp.Table{HeaderFence: fence, HeaderFenceOwner: owner}, Timestamp: time.Now(), DeliveryMode: amqp.Persistent})
 	if err != nil {
 		return 0, fmt.Errorf("dlq: publish the walk's fence: %w", err)
 	}
@@ -240,7 +294,7 @@ func (q *Queue) Walk(ctx context.Context, visit func(Message) (Verdict, error)) 
 			switch {
 			case id == fence:
 				return visited, d.Ack(false) // the snapshot is done
-			case time.Since(d.Timestamp) > staleFence:
+			case q.leftBehind(d):
 				err = d.Ack(false) // left by a walk that died
 			default:
 				err = keep(d) // another walk's, running now
@@ -292,35 +346,26 @@ func copyOf(d amqp.Delivery) amqp.Publishing {
 	}
 }
 
-// publisher publishes to queues through the default exchange on a
-// confirm-mode channel of the publishing connection, one message at a time,
-// mandatory.
+// publisher publishes to queues through the default exchange on the
+// Queue's confirming publisher, one message at a time, mandatory.
 type publisher struct {
-	ch      *amqp.Channel
-	returns chan amqp.Return
-	run     string // this publisher's ID, a prefix of every publish's ID
-	seq     int
+	p   *broker.Publisher
+	run string // this publisher's ID: a walk's fence, the prefix of its replays' IDs
+	seq int
 }
 
-// HeaderPublishID marks each publish of the tools so that a basic.return can
-// be matched to it.
-const HeaderPublishID = "x-idem-publish-id"
+// HeaderPublishID marks each publish so that a basic.return can be matched
+// to it (broker.Publisher sets it).
+const HeaderPublishID = broker.HeaderPublishID
 
 func (q *Queue) publisher() (*publisher, error) {
-	ch, err := q.pub.Channel()
-	if err != nil {
-		return nil, fmt.Errorf("dlq: open publishing channel: %w", err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		ch.Close()
-		return nil, fmt.Errorf("dlq: confirm mode: %w", err)
+	if err := q.pub.Err(); err != nil {
+		return nil, fmt.Errorf("dlq: the publishing connection ended: %w", err)
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	return &publisher{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 16)), run: hex.EncodeToString(id[:])}, nil
+	return &publisher{p: q.pub, run: hex.EncodeToString(id[:])}, nil
 }
-
-func (p *publisher) close() { _ = p.ch.Close() }
 
 // publishTimeout bounds the wait for one publish's confirm.
 const publishTimeout = 10 * time.Second
@@ -329,37 +374,20 @@ const publishTimeout = 10 * time.Second
 // ErrNotRouted if no queue took it.
 func (p *publisher) send(ctx context.Context, queue string, msg amqp.Publishing) error {
 	p.seq++
-	id := p.run + "-" + strconv.Itoa(p.seq)
-	headers := amqp.Table{}
-	for k, v := range msg.Headers {
-		headers[k] = v
-	}
-	headers[HeaderPublishID] = id
-	msg.Headers = headers
 	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
-	dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, msg)
-	if err != nil {
-		return fmt.Errorf("publish: %w", err)
-	}
-	ok, err := dc.WaitContext(ctx)
-	switch {
-	case err != nil:
-		return fmt.Errorf("confirm: %w (is the broker blocking publishers? see its alarms)", err)
-	case !ok:
-		return errors.New("the broker nacked the publish")
-	}
-	// The broker sends basic.return before the ack.
-	for {
-		select {
-		case ret := <-p.returns:
-			if ret.Headers[HeaderPublishID] == id {
-				return ErrNotRouted
-			}
-		default:
-			return nil
+	res := p.p.Publish(ctx, broker.Message{Key: queue, Publishing: msg})[0]
+	switch res.Outcome {
+	case broker.Confirmed:
+		return nil
+	case broker.Returned:
+		return ErrNotRouted
+	case broker.Unanswered:
+		if errors.Is(res.Err, context.DeadlineExceeded) {
+			return fmt.Errorf("publish: %w (is the broker blocking publishers? see its alarms)", res.Err)
 		}
 	}
+	return fmt.Errorf("publish: %w", res.Err)
 }
 
 // HeaderReplayID marks each replay with the replaying run's ID, so that a
@@ -372,8 +400,8 @@ type Replayer struct {
 	topo broker.Topology
 }
 
-// Replayer opens a confirm-mode channel on the publishing connection for
-// replays onto the work queue. Close it when done.
+// Replayer replays onto the work queue through the Queue's confirming
+// publisher. Close it when done.
 func (q *Queue) Replayer() (*Replayer, error) {
 	p, err := q.publisher()
 	if err != nil {
@@ -382,8 +410,8 @@ func (q *Queue) Replayer() (*Replayer, error) {
 	return &Replayer{p: p, topo: q.Topology}, nil
 }
 
-// Close closes the replay channel.
-func (r *Replayer) Close() error { r.p.close(); return nil }
+// Close ends the replays; the publisher stays the Queue's, closed with it.
+func (r *Replayer) Close() error { return nil }
 
 // headersDropped are the headers a replay does not carry: the dead letter's
 // diagnosis and the broker's delivery counts, so that the replay starts with

@@ -3,6 +3,7 @@ package dlq_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -137,4 +138,107 @@ func TestWalksNeverSpendADeliveryBudget(t *testing.T) {
 	require.Contains(t, []any{nil, int64(0)}, d.Headers["x-delivery-count"], "the walks handed the message back: %v", d.Headers)
 	require.False(t, d.Redelivered)
 	require.NoError(t, d.Nack(false, true))
+}
+
+// putFence publishes the fence of another walk, begun age ago, holding the
+// queue owner ("": an older idem's fence, which names none).
+func (r *rig) putFence(owner string, age time.Duration) {
+	r.t.Helper()
+	h := amqp.Table{dlq.HeaderFence: "walk-of-" + r.t.Name()}
+	if owner != "" {
+		h[dlq.HeaderFenceOwner] = owner
+	}
+	require.NoError(r.t, r.ch.Confirm(false))
+	dc, err := r.ch.PublishWithDeferredConfirmWithContext(context.Background(), "", r.q.DLQ, true, false, amqp.Publishing{
+		Headers: h, Timestamp: time.Now().Add(-age), DeliveryMode: amqp.Persistent,
+	})
+	require.NoError(r.t, err)
+	require.True(r.t, dc.Wait())
+}
+
+// depth is how many messages the dead-letter queue holds.
+func (r *rig) depth() int {
+	r.t.Helper()
+	q, err := r.ch.QueueDeclarePassive(r.q.DLQ, true, false, false, false, nil)
+	require.NoError(r.t, err)
+	return q.Messages
+}
+
+// TestARunningWalksFenceIsNeverTakenForStale: a walk that has run for more
+// than an hour (a slow visitor, a long queue) still holds its queue; another
+// walk must keep its fence, or the first would never meet it and walk its own
+// re-published messages again and again. A fence whose walk is gone, and an
+// older idem's fence past the hour, are removed.
+func TestARunningWalksFenceIsNeverTakenForStale(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		owner string // "running": a queue this test holds; else a queue name as is
+		kept  bool
+	}{
+		{"running for two hours", "running", true},
+		{"its walk gone", "idem.dlq-walk.gone-" + testenv.Name(t), false},
+		{"an older idem's", "", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t)
+			owner := c.owner
+			if owner == "running" {
+				conn, err := amqp.Dial(testenv.AMQPURL())
+				require.NoError(t, err)
+				t.Cleanup(func() { conn.Close() }) // deletes the queue
+				ch, err := conn.Channel()
+				require.NoError(t, err)
+				owner = "idem.dlq-walk.running-" + testenv.Name(t)
+				_, err = ch.QueueDeclare(owner, false, false, true, false, nil)
+				require.NoError(t, err)
+			}
+			r.put("A")
+			r.putFence(owner, 2*time.Hour)
+			r.put("B")
+			require.Equal(t, []string{"A", "B"}, r.walk())
+			want := 2
+			if c.kept {
+				want = 3
+			}
+			require.Equal(t, want, r.depth(), "the other walk's fence kept: %v", c.kept)
+			require.Equal(t, []string{"A", "B"}, r.walk(), "and a second walk passes it")
+		})
+	}
+}
+
+// TestAWalkHoldsItsQueueWhileItRuns: the queue a walk's fence names exists
+// while the walk runs and is gone once it returns.
+func TestAWalkHoldsItsQueueWhileItRuns(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.put("A")
+	probe := func(owner string) error {
+		conn, err := amqp.Dial(testenv.AMQPURL())
+		require.NoError(t, err)
+		defer conn.Close()
+		ch, err := conn.Channel()
+		require.NoError(t, err)
+		_, err = ch.QueueDeclarePassive(owner, false, false, true, false, nil)
+		return err
+	}
+	var owner string
+	_, err := r.q.Walk(context.Background(), func(m dlq.Message) (dlq.Verdict, error) {
+		// The walk's own fence is the only other message: read it behind
+		// the walk's back, and hand it back.
+		d, ok, err := r.ch.Get(r.q.DLQ, false)
+		require.NoError(t, err)
+		require.True(t, ok)
+		owner, _ = d.Headers[dlq.HeaderFenceOwner].(string)
+		require.NoError(t, d.Nack(false, true))
+		require.NotEmpty(t, owner, "the fence names no queue: %v", d.Headers)
+		var ae *amqp.Error
+		require.ErrorAs(t, probe(owner), &ae)
+		require.Equal(t, amqp.ResourceLocked, ae.Code, "the running walk's queue is exclusive to it")
+		return dlq.Keep, nil
+	})
+	require.NoError(t, err)
+	var ae *amqp.Error
+	require.ErrorAs(t, probe(owner), &ae)
+	require.Equal(t, amqp.NotFound, ae.Code, "the walk's queue outlived it")
 }

@@ -5,6 +5,9 @@
 //     even when the URL does not parse (a '/', '#' or bad %-escape in it);
 //   - password-like parameters, in a URL query (?password=…) or a keyword
 //     DSN (host=… password='…');
+//   - URL query parameters whose name says they hold a credential
+//     (?access_token=…, &X-Amz-Signature=…, &apiKey=…): an HTTP
+//     destination's URL, and the net/http errors that quote it;
 //   - and, for text that mangles those shapes (a parser's error quoting a
 //     fragment), every secret found in the configured URLs, literally.
 package redact
@@ -33,7 +36,17 @@ var (
 	userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)([^:@/\s"']*):(\S*)@`)
 	// param: password-like keys in a query or a keyword DSN, quoted or not.
 	param = regexp.MustCompile(`(?i)\b((?:ssl)?pass(?:word)?|pwd|secret|token)(\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s"']*)`)
+	// query: a URL query parameter whose name contains a credential's
+	// word (credentialName), wherever the URL is quoted.
+	query = regexp.MustCompile(`(?i)([?&][^=&#?\s"']*(?:` + credentialWords + `)[^=&#?\s"']*=)([^&#\s"']*)`)
+	// credentialName matches a query parameter's name that holds a credential.
+	credentialName = regexp.MustCompile(`(?i)` + credentialWords)
 )
+
+// credentialWords are the words that make a query parameter a credential
+// when its name contains one: access_token, api_key, client_secret,
+// X-Amz-Signature, password, auth.
+const credentialWords = `token|key|secret|signature|password|auth`
 
 // Redactor masks secrets in text. It is safe for concurrent use.
 type Redactor struct {
@@ -97,7 +110,45 @@ func (w *writer) Write(p []byte) (int, error) {
 // info passwords and password-like parameters.
 func String(s string) string {
 	s = userinfo.ReplaceAllString(s, "${1}${2}:"+Mask+"@")
-	return param.ReplaceAllString(s, "${1}${2}"+Mask)
+	s = param.ReplaceAllString(s, "${1}${2}"+Mask)
+	return query.ReplaceAllString(s, "${1}"+Mask)
+}
+
+// URL returns the URL u with its credentials masked, for printing an HTTP
+// endpoint: the user info's password, or a user name given alone (a token,
+// as in https://<token>@host/), and the value of every query parameter
+// whose name contains a credential's word (token, key, secret, signature,
+// password, auth; in any case). What does not parse is masked by shape,
+// as String does.
+func URL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return String(u)
+	}
+	if p.User != nil {
+		if _, ok := p.User.Password(); ok {
+			p.User = url.UserPassword(p.User.Username(), Mask)
+		} else if p.User.Username() != "" {
+			p.User = url.User(Mask)
+		}
+	}
+	if p.RawQuery != "" {
+		// By hand, not through url.Values: the parameters keep their order
+		// and spelling.
+		params := strings.Split(p.RawQuery, "&")
+		for i, kv := range params {
+			k, _, ok := strings.Cut(kv, "=")
+			name, err := url.QueryUnescape(k)
+			if err != nil {
+				name = k
+			}
+			if ok && credentialName.MatchString(name) {
+				params[i] = k + "=" + Mask
+			}
+		}
+		p.RawQuery = strings.Join(params, "&")
+	}
+	return String(p.String())
 }
 
 // Secrets returns the secrets in one connection string, in every spelling
@@ -146,6 +197,17 @@ func Secrets(conn string) []string {
 			v = strings.ReplaceAll(v[1:len(v)-1], `\'`, `'`)
 		}
 		add(v)
+	}
+	// A query parameter's value whole, not split as a password is: the
+	// name matches paths too (sslkey=/home/app/…/postgresql.key), whose
+	// pieces are ordinary words.
+	for _, m := range query.FindAllStringSubmatch(conn, -1) {
+		if v := m[2]; v != "" {
+			out = append(out, v)
+			if d, err := url.QueryUnescape(v); err == nil && d != v {
+				out = append(out, d)
+			}
+		}
 	}
 	return out
 }

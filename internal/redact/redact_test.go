@@ -30,6 +30,12 @@ var forms = map[string]string{
 	"upper-case param name": "postgres://db/x?PASSWORD=" + sentinel,
 	"amqp node list":        "amqp://app:other1@mq1:5672/,amqp://app:" + sentinel + "@mq2:5672/",
 	"shard list":            "postgres://app:other1@db1/x postgres://app:" + sentinel + "@db2/x",
+	"query access_token":    "https://api.example.com/v1/x?access_token=" + sentinel,
+	"query api key":         "https://api.example.com/v1/x?a=1&apiKey=" + sentinel + "&b=2",
+	"query signature":       "https://bucket.example.com/o?X-Amz-Credential=c&X-Amz-Signature=" + sentinel,
+	"query client secret":   "https://api.example.com/x?CLIENT_SECRET=" + sentinel + "#frag",
+	"query auth":            "https://api.example.com/x?auth=" + sentinel,
+	"destination list":      "mailer=https://mail.example.com/x?token=other1 api=https://api.example.com/x?sessionToken=" + sentinel,
 }
 
 func TestEveryFormIsMasked(t *testing.T) {
@@ -77,4 +83,29 @@ func TestOrdinaryTextIsLeftAlone(t *testing.T) {
 		require.Equal(t, s, r.String(s))
 	}
 	require.Equal(t, "amqp://guest:"+Mask+"@127.0.0.1:5672/", r.String("amqp://guest:pw@127.0.0.1:5672/"))
+}
+
+// TestURLMasksAnEndpointsCredentials: an HTTP destination's URL keeps what
+// says where it goes and loses what lets one in.
+func TestURLMasksAnEndpointsCredentials(t *testing.T) {
+	for in, want := range map[string]string{
+		"https://api.example.com/v1/pay?access_token=" + sentinel + "&region=eu": "https://api.example.com/v1/pay?access_token=" + Mask + "&region=eu",
+		"https://api.example.com/x?page=2&Api%5FKey=" + sentinel:                 "https://api.example.com/x?page=2&Api%5FKey=" + Mask,
+		"https://user:" + sentinel + "@api.example.com/x":                        "https://user:" + Mask + "@api.example.com/x",
+		"https://" + sentinel + "@api.example.com/x":                             "https://" + Mask + "@api.example.com/x",
+		"https://api.example.com/x?sslmode=disable&name=a":                       "https://api.example.com/x?sslmode=disable&name=a",
+		"http://api.example.com:8080/hooks/pay":                                  "http://api.example.com:8080/hooks/pay",
+		"https://api.example.com/%zz?token=" + sentinel:                          "https://api.example.com/%zz?token=" + Mask, // does not parse
+	} {
+		require.Equal(t, want, URL(in))
+	}
+}
+
+// TestAnHTTPErrorQuotingTheURLIsMasked: net/http quotes the request's URL
+// in its errors, which a relay stores and logs.
+func TestAnHTTPErrorQuotingTheURLIsMasked(t *testing.T) {
+	msg := `http: Post "https://api.example.com/x?access_token=` + sentinel + `&a=1": dial tcp 10.0.0.1:443: connect: connection refused`
+	require.Equal(t, `http: Post "https://api.example.com/x?access_token=`+Mask+`&a=1": dial tcp 10.0.0.1:443: connect: connection refused`, String(msg))
+	// Ordinary key=value text (a log line's attributes) is no URL query.
+	require.Equal(t, "msg=sent key=user_1 token_count=3", String("msg=sent key=user_1 token_count=3"))
 }

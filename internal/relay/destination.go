@@ -37,6 +37,8 @@ type Destination struct {
 	URL string
 }
 
+// String describes d for logs and errors; an HTTP destination's URL has its
+// credentials masked (redact.URL).
 func (d Destination) String() string {
 	switch d.Kind {
 	case Queue:
@@ -44,7 +46,7 @@ func (d Destination) String() string {
 	case Exchange:
 		return fmt.Sprintf("exchange:%s/%s", d.Exchange, d.RoutingKey)
 	}
-	return redact.String(d.URL)
+	return redact.URL(d.URL)
 }
 
 // route returns the exchange and routing key of an AMQP message with key.
@@ -110,7 +112,7 @@ func parseTarget(t string) (Destination, error) {
 	case "http", "https":
 		u, err := url.Parse(t)
 		if err != nil || u.Host == "" {
-			return Destination{}, fmt.Errorf("%q: not an absolute URL", redact.String(t))
+			return Destination{}, fmt.Errorf("%q: not an absolute URL", redact.URL(t))
 		}
 		return Destination{Kind: HTTP, URL: t}, nil
 	}

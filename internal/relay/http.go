@@ -3,12 +3,17 @@ package relay
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemhq/idem/internal/redact"
 )
 
 // httpConcurrency is how many keys' requests a pass has in flight at once.
@@ -70,11 +75,14 @@ func (s *httpSender) sendAll(ctx context.Context, dests map[string]Destination, 
 
 // send posts one row and classifies the answer: 2xx (and the configured
 // done status) is sent; 408, 425, 429, 5xx and transport errors are tried
-// again later; any other 4xx will not pass and is dead at once.
+// again later; any other 4xx will not pass and is dead at once. Its error
+// goes into the row's last_error and the relay's log: it quotes the URL with
+// its credentials masked, and the start of the response's body as valid
+// text.
 func (s *httpSender) send(ctx context.Context, d Destination, w *row) result {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.URL, bytes.NewReader(w.body))
 	if err != nil {
-		return result{err: fmt.Errorf("http: %w", err), final: true}
+		return result{err: fmt.Errorf("http: %w", redactURL(err)), final: true}
 	}
 	req.Header.Set("Content-Type", w.ctype)
 	req.Header.Set("Idempotency-Key", w.messageID())
@@ -84,19 +92,43 @@ func (s *httpSender) send(ctx context.Context, d Destination, w *row) result {
 	req.Header.Set("X-Idem-Event-Id", w.eventID)
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return result{err: fmt.Errorf("http: %w", err)}
+		return result{err: fmt.Errorf("http: %w", redactURL(err))}
 	}
 	defer resp.Body.Close()
-	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 200))
+	snippet := readSnippet(resp.Body)
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20)) // let the connection be reused
 	code := resp.StatusCode
 	switch {
 	case code >= 200 && code < 300, s.done != 0 && code == s.done:
 		return result{sent: true}
 	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code == http.StatusTooManyRequests, code >= 500:
-		return result{err: fmt.Errorf("http %d: %s", code, bytes.TrimSpace(snippet)), after: retryAfter(resp.Header.Get("Retry-After"))}
+		return result{err: fmt.Errorf("http %d: %s", code, snippet), after: retryAfter(resp.Header.Get("Retry-After"))}
 	}
-	return result{err: fmt.Errorf("http %d: %s", code, bytes.TrimSpace(snippet)), final: true}
+	return result{err: fmt.Errorf("http %d: %s", code, snippet), final: true}
+}
+
+// snippetLen is how much of an error response's body its error quotes, in
+// bytes.
+const snippetLen = 200
+
+// readSnippet reads the start of a response's body for its error, as text
+// a Postgres text column takes: valid UTF-8 (the cut may fall inside a
+// character; a binary body is not text) and without NUL bytes.
+func readSnippet(body io.Reader) string {
+	b, _ := io.ReadAll(io.LimitReader(body, snippetLen))
+	s := strings.ReplaceAll(strings.ToValidUTF8(string(b), ""), "\x00", "")
+	return strings.TrimSpace(s)
+}
+
+// redactURL masks the credentials in the URL a net/http error quotes
+// (Post "https://api/x?access_token=…": dial tcp …): the error is stored
+// and logged. net/http masks only the user info's password.
+func redactURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		ue.URL = redact.URL(ue.URL)
+	}
+	return err
 }
 
 // retryAfter reads a Retry-After header given in seconds (0 if absent).

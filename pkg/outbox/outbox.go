@@ -19,6 +19,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -40,16 +42,20 @@ type Message struct {
 	// indexes, and the same index is the same message on every attempt.
 	Index int
 	// To names the destination, one of the relay's outbox.destinations.
-	// Required.
+	// Required. To, Key, Type and ContentType are stored as text: valid
+	// UTF-8 without NUL bytes.
 	To string
 	// Key orders messages: those of one key leave in commit order. A
 	// queue destination also routes by it to its partition. Empty: the
-	// message is ordered only with the other messages of its event.
+	// message is ordered only with the other messages of its event. At
+	// most 255 bytes: an exchange destination may route by it.
 	Key string
 	// Type is the message's type: the AMQP type property, or the
-	// X-Idem-Type header of an HTTP request. Optional.
+	// X-Idem-Type header of an HTTP request. Optional. At most 255 bytes,
+	// with no control characters but tab.
 	Type string
 	// ContentType is the body's media type. Defaults to application/json.
+	// At most 255 bytes, with no control characters but tab.
 	ContentType string
 	// Body is the payload: the AMQP body, or the HTTP request's body.
 	Body []byte
@@ -65,7 +71,8 @@ SELECT $1, * FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::smal
 // EventID is not one of the events the transaction applies, because only
 // that event's dedup row makes the message's ID unique. The same message
 // enqueued twice in one transaction fails with a unique violation, which
-// dead-letters the event.
+// dead-letters the event. A message that could never be published (see
+// Message's fields) is refused with an error that names the field.
 func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -102,14 +109,57 @@ func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	return nil
 }
 
+// maxShortstr is the longest AMQP short string, in bytes. The type and
+// content-type properties and the routing key (an exchange destination
+// without one routes by Key) are short strings.
+const maxShortstr = 255
+
+// validate refuses, inside the handler's transaction, a message the relay
+// could never publish: left in the outbox it would fail on every attempt
+// and go dead, or (ahead of its key's later messages) hold them back.
 func (m Message) validate(a *tier.Apply) error {
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("outbox: message %d of event %q: %s", m.Index, m.EventID, fmt.Sprintf(format, args...))
+	}
 	switch {
 	case !a.Holds(m.EventID):
-		return fmt.Errorf("outbox: message %d of event %q: the transaction does not apply that event", m.Index, m.EventID)
+		return fail("the transaction does not apply that event")
 	case m.To == "":
-		return fmt.Errorf("outbox: message %d of event %q: To is required", m.Index, m.EventID)
+		return fail("To is required")
 	case m.Index < 0 || m.Index > 1<<30:
-		return fmt.Errorf("outbox: message %d of event %q: Index out of range", m.Index, m.EventID)
+		return fail("Index out of range")
+	}
+	for _, f := range []struct {
+		name, v string
+		max     int  // longest value in bytes; 0: no limit
+		header  bool // sent as an HTTP header value
+	}{
+		{"To", m.To, 0, false},
+		{"Key", m.Key, maxShortstr, false},
+		{"Type", m.Type, maxShortstr, true},
+		{"ContentType", m.ContentType, maxShortstr, true},
+	} {
+		if err := checkField(f.v, f.max, f.header); err != nil {
+			return fail("%s %s", f.name, err)
+		}
+	}
+	return nil
+}
+
+// checkField says why v cannot be stored (the outbox's text columns take
+// only valid UTF-8 without NUL) or sent: longer than max bytes, or, for an
+// HTTP header value, holding a control character other than tab, which
+// net/http refuses to send.
+func checkField(v string, max int, header bool) error {
+	switch {
+	case max > 0 && len(v) > max:
+		return fmt.Errorf("is %d bytes long; the limit is %d bytes (an AMQP short string)", len(v), max)
+	case !utf8.ValidString(v):
+		return errors.New("is not valid UTF-8")
+	case strings.IndexByte(v, 0) >= 0:
+		return errors.New("holds a NUL byte")
+	case header && strings.IndexFunc(v, func(r rune) bool { return (r < ' ' && r != '\t') || r == 0x7f }) >= 0:
+		return errors.New("holds a control character (it is sent as an HTTP header value)")
 	}
 	return nil
 }

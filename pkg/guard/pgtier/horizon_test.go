@@ -2,6 +2,7 @@ package pgtier_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/idemhq/idem/internal/horizon"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/tier"
+	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/pgtier"
 )
 
@@ -154,4 +156,79 @@ func TestHorizonRefusesAZeroClockSkew(t *testing.T) {
 	require.ErrorContains(t, err, "positive retention and clock skew")
 	_, _, err = horizon.Prune(context.Background(), pool, horizon.PruneConfig{Retention: time.Hour, Batch: 1})
 	require.ErrorContains(t, err, "positive retention, clock skew")
+}
+
+// TestAnUntimedClaimIsRecordedOnceItCommits: untimed_claimed_at is written
+// at most once a minute, in a claim's transaction. A first write that rolls
+// back must be made again by the next untimed claim, or prune would make its
+// first cut without --cut-untimed while untimed events arrive; a write still
+// in flight is waited for.
+func TestAnUntimedClaimIsRecordedOnceItCommits(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Schema(t, testenv.Effects)
+	s := pgtier.New(pool)
+	ctx := context.Background()
+	_, err := horizon.Enforce(ctx, pool, time.Hour, time.Minute)
+	require.NoError(t, err)
+	recorded := func() bool {
+		var at *time.Time
+		require.NoError(t, pool.QueryRow(ctx, `SELECT untimed_claimed_at FROM idem_horizon`).Scan(&at))
+		return at != nil
+	}
+
+	tx := claimOpen(t, s, ev("e_rolled_back", "a"))
+	require.NoError(t, tx.Rollback(ctx))
+	require.False(t, recorded())
+	require.Equal(t, tier.ClaimInserted, claimCommit(t, s, ev("e_next", "a")))
+	require.True(t, recorded(), "the rolled-back write was not made again")
+	_, _, err = horizon.Prune(ctx, pool, horizon.PruneConfig{Retention: time.Hour, ClockSkew: time.Minute, Batch: 100})
+	require.ErrorIs(t, err, horizon.ErrUntimedStillArriving)
+
+	// Once a claim found the write in place, the next claims within the
+	// minute write nothing.
+	require.Equal(t, tier.ClaimInserted, claimCommit(t, s, ev("e_third", "a")))
+	_, err = pool.Exec(ctx, `UPDATE idem_horizon SET untimed_claimed_at = NULL`)
+	require.NoError(t, err)
+	require.Equal(t, tier.ClaimInserted, claimCommit(t, s, ev("e_fourth", "a")))
+	require.False(t, recorded(), "written again within the minute")
+}
+
+// TestAnUntimedClaimWaitsForTheWriteInFlight: a claim that finds the last
+// write not yet committed waits for its transaction, and writes again if it
+// rolled back.
+func TestAnUntimedClaimWaitsForTheWriteInFlight(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Schema(t, testenv.Effects)
+	s := pgtier.New(pool)
+	ctx := context.Background()
+	_, err := horizon.Enforce(ctx, pool, time.Hour, time.Minute)
+	require.NoError(t, err)
+
+	first := claimOpen(t, s, ev("e_first", "a")) // wrote, not committed
+	defer first.Rollback(ctx)                    // on failure: its locks would hold up the schema's drop
+	done := make(chan error, 1)
+	go func() {
+		tx, err := s.Begin(ctx)
+		if err == nil {
+			_, err = s.Claim(ctx, tx, "svc", []guard.Event{ev("e_second", "a")})
+			err = errors.Join(err, tx.Commit(ctx))
+		}
+		done <- err
+	}()
+	pid := first.Conn().PgConn().PID()
+	require.Eventually(t, func() bool {
+		var waits bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid)))`, pid).Scan(&waits))
+		return waits
+	}, 10*time.Second, 10*time.Millisecond, "the second claim did not wait for the first")
+	require.NoError(t, first.Rollback(ctx))
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second claim did not end once the first rolled back")
+	}
+	var at *time.Time
+	require.NoError(t, pool.QueryRow(ctx, `SELECT untimed_claimed_at FROM idem_horizon`).Scan(&at))
+	require.NotNil(t, at, "the second claim did not write what the first rolled back")
 }

@@ -3,8 +3,9 @@ package pgtier
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,10 +19,8 @@ import (
 
 // Store is the PostgreSQL tier. It is safe for concurrent use.
 type Store struct {
-	pool *pgxpool.Pool
-	// untimedAt is when this Store last recorded an untimed claim (Unix
-	// nanoseconds).
-	untimedAt atomic.Int64
+	pool    *pgxpool.Pool
+	untimed untimedRecord
 }
 
 var _ guard.Store = (*Store)(nil)
@@ -175,18 +174,63 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, events []gua
 // event (idem_horizon.untimed_claimed_at).
 const untimedEvery = time.Minute
 
-// recordUntimed notes in tx that an untimed event was claimed, at most once
-// every untimedEvery per Store, so that prune learns that such events still
-// arrive. It commits or rolls back with the claim.
+// untimedRecord is what a Store knows of its last write of
+// untimed_claimed_at. The write commits or rolls back with a claim's
+// transaction, which the Store does not see end: until a later transaction
+// finds the value in place, the write is not known to have committed, and
+// the next untimed claim writes it again if it did not. Otherwise a first
+// attempt that rolled back would leave the column unrecorded for a minute,
+// and prune could make its first cut while untimed events arrive.
+type untimedRecord struct {
+	mu    sync.Mutex
+	busy  bool      // a claim is writing or checking
+	wrote time.Time // the value the last write set (the database's now()); zero: none
+	known bool      // that write (or a later one) is known to have committed
+	at    time.Time // when it was written, by this process's clock
+}
+
+// recordIfMissing sets untimed_claimed_at to now() in the claim's
+// transaction unless it already holds $1 or later: with $1 the value this
+// Store last wrote, a no-op once that write committed (a transaction still
+// writing it is waited for); with $1 infinity, a fresh write.
+const recordIfMissing = `UPDATE idem_horizon SET untimed_claimed_at = now()
+WHERE untimed_claimed_at IS NULL OR untimed_claimed_at < $1 RETURNING untimed_claimed_at`
+
+// recordUntimed notes in tx that an untimed event was claimed, so that
+// prune learns that such events still arrive: once every untimedEvery per
+// Store, plus until that write is known to have committed (untimedRecord).
+// It commits or rolls back with the claim.
 func (s *Store) recordUntimed(ctx context.Context, tx pgx.Tx) error {
-	now := time.Now().UnixNano()
-	last := s.untimedAt.Load()
-	if now-last < int64(untimedEvery) || !s.untimedAt.CompareAndSwap(last, now) {
+	r := &s.untimed
+	r.mu.Lock()
+	if r.busy || (r.known && time.Since(r.at) < untimedEvery) {
+		r.mu.Unlock()
 		return nil
 	}
-	if _, err := tx.Exec(ctx, `UPDATE idem_horizon SET untimed_claimed_at = now()`); err != nil {
-		s.untimedAt.Store(last)
+	r.busy = true
+	check := !r.known && !r.wrote.IsZero()
+	since := pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
+	if check {
+		since = pgtype.Timestamptz{Time: r.wrote, Valid: true}
+	}
+	r.mu.Unlock()
+
+	var wrote time.Time
+	err := tx.QueryRow(ctx, recordIfMissing, since).Scan(&wrote)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.busy = false
+	switch {
+	case errors.Is(err, pgx.ErrNoRows) && check:
+		r.known = true // the last write committed, or a later one did
+	case errors.Is(err, pgx.ErrNoRows):
+		// No idem_horizon row: no consumer recorded a horizon yet, and
+		// nothing to write; try again in untimedEvery.
+		r.known, r.at = true, time.Now()
+	case err != nil:
 		return fmt.Errorf("record untimed claim: %w", err)
+	default:
+		r.wrote, r.known, r.at = wrote, false, time.Now()
 	}
 	return nil
 }

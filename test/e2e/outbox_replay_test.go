@@ -1,0 +1,72 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/redact"
+	"github.com/idemhq/idem/internal/testenv"
+)
+
+// TestOutboxReplayNeverTakesTooMuch: `idem outbox replay --id` with no id in
+// its list (",", " ") replayed every dead row, and with postgres.shards
+// `--id 1` replayed row 1 of every shard. Both are refused as usage errors;
+// `--shard S --id N` replays that one row. And `idem outbox list` masks the
+// token an HTTP destination's URL holds, in the LAST ERROR a relay stored.
+func TestOutboxReplayNeverTakesTooMuch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", "")
+	const token = "Zq7sentinelTOKEN"
+	p0, s0 := testenv.Schema(t)
+	p1, s1 := testenv.Schema(t)
+	for _, p := range []*pgxpool.Pool{p0, p1} {
+		// Row 1 of each shard, dead, with an error written before the relay
+		// masked URLs: one quoting the URL, one the token alone.
+		_, err := p.Exec(context.Background(), `INSERT INTO idem_outbox (scope, event_id, idx, destination, lane, body, state, attempts, last_error) VALUES
+			('pay', 'e1', 0, 'api', 0, '', 'dead', 1, 'http: Post "https://api.example.com/x?access_token=`+token+`": dial tcp: connection refused'),
+			('pay', 'e2', 0, 'api', 0, '', 'dead', 1, 'http 401: bad token `+token+`')`)
+		require.NoError(t, err)
+	}
+	vars := []string{"IDEM_POSTGRES_SHARDS=" + s0 + " " + s1,
+		"IDEM_OUTBOX_DESTINATIONS=api=https://api.example.com/x?access_token=" + token}
+	dead := func(p *pgxpool.Pool) int {
+		var n int
+		require.NoError(t, p.QueryRow(context.Background(), `SELECT count(*) FROM idem_outbox WHERE state = 'dead'`).Scan(&n))
+		return n
+	}
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--id", ","}, `--id "," names no row (to replay every dead row, give --all-dead)`},
+		{[]string{"--id", " "}, `--id " " names no row`},
+		{[]string{"--id", "1"}, "row ids are per shard and postgres.shards lists 2; add --shard S"},
+		{[]string{"--shard", "2", "--id", "1"}, "--shard 2: postgres.shards lists 2 shard(s), numbered from 0"},
+	} {
+		r := e.run(vars, append([]string{"outbox", "replay"}, c.args...)...)
+		require.Equal(t, 2, r.code, "%v: %s", c.args, r.out)
+		require.Contains(t, r.out, c.want, c.args)
+	}
+	require.Equal(t, 2, dead(p0), "a refused replay replays nothing")
+	require.Equal(t, 2, dead(p1))
+
+	r := e.run(vars, "outbox", "replay", "--shard", "1", "--id", "1")
+	require.Equal(t, 0, r.code, r.out)
+	require.Contains(t, r.out, "shard 1: 1 dead row(s) pending again")
+	require.Equal(t, 2, dead(p0), "shard 0's row 1 is another row")
+	require.Equal(t, 1, dead(p1))
+
+	r = e.run(vars, "outbox", "list", "--dead")
+	require.Equal(t, 0, r.code, r.out)
+	require.Contains(t, r.out, "shard 0: 1")
+	require.NotContains(t, r.out, token)
+	require.Contains(t, r.out, "access_token="+redact.Mask)
+	require.Contains(t, r.out, "bad token "+redact.Mask)
+
+	r = e.run(nil, "outbox", "replay", "-h")
+	require.Contains(t, r.out, "replay --id N needs --shard S")
+}
