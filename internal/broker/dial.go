@@ -1,10 +1,13 @@
 package broker
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -22,35 +25,36 @@ func SplitURLs(s string) []string {
 	return out
 }
 
-// Dial connects to one of urls: urls[start % len(urls)] first, then the
-// others in turn. It returns the connection and the index of the URL that
-// took it. If none does, the error joins each URL's error, so that
-// errors.Is and errors.As see why each failed.
+// Dial is DialContext without a context: each node's connect and
+// handshake are bounded by dialTimeout alone.
+func Dial(urls []string, start int, cfg amqp.Config) (*amqp.Connection, int, error) {
+	return DialContext(context.Background(), urls, start, cfg)
+}
+
+// DialContext connects to one of urls: urls[start % len(urls)] first, then
+// the others in turn, each within dialTimeout and ctx. It returns the
+// connection and the index of the URL that took it. If none does, the error
+// joins each URL's error, so that errors.Is and errors.As see why each
+// failed.
 //
 // Every connection has a bound on how long a silent peer can hold it: a
-// heartbeat (DefaultHeartbeat unless cfg sets one) and WriteTimeout on
-// every write.
-func Dial(urls []string, start int, cfg amqp.Config) (*amqp.Connection, int, error) {
+// heartbeat (DefaultHeartbeat unless cfg sets one), WriteTimeout on every
+// write, and Close's bound on its close.
+func DialContext(ctx context.Context, urls []string, start int, cfg amqp.Config) (*amqp.Connection, int, error) {
 	if len(urls) == 0 {
 		return nil, 0, errors.New("no AMQP URL")
 	}
 	if cfg.Heartbeat == 0 {
 		cfg.Heartbeat = DefaultHeartbeat
 	}
-	if cfg.Dial == nil {
-		dial := amqp.DefaultDial(dialTimeout)
-		cfg.Dial = func(network, addr string) (net.Conn, error) {
-			c, err := dial(network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return &writeBounded{Conn: c}, nil
-		}
-	}
 	var errs []error
 	for k := range urls {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, err)
+			break
+		}
 		i := (start + k) % len(urls)
-		conn, err := amqp.DialConfig(urls[i], cfg)
+		conn, err := dialOne(ctx, urls[i], cfg)
 		if err == nil {
 			return conn, i, nil
 		}
@@ -60,6 +64,95 @@ func Dial(urls []string, start int, cfg amqp.Config) (*amqp.Connection, int, err
 		errs = append(errs, err)
 	}
 	return nil, 0, errors.Join(errs...)
+}
+
+// dialOne connects to url. Unless cfg brings its own dialler, the socket is
+// idem's: connected and handshaken within dialTimeout and ctx, every write
+// bounded, and kept so that Close can end the connection whatever the
+// broker does.
+func dialOne(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection, error) {
+	if cfg.Dial != nil {
+		return amqp.DialConfig(url, cfg)
+	}
+	var raw atomic.Pointer[net.Conn]
+	cfg.Dial = func(network, addr string) (net.Conn, error) {
+		d := net.Dialer{Timeout: dialTimeout}
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		// The handshake's deadline; amqp091 clears it once the
+		// connection is open.
+		deadline := time.Now().Add(dialTimeout)
+		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+			deadline = d
+		}
+		if err := c.SetDeadline(deadline); err != nil {
+			c.Close()
+			return nil, err
+		}
+		raw.Store(&c)
+		return &writeBounded{Conn: c}, nil
+	}
+	// A context cancelled during the handshake ends it.
+	stop := context.AfterFunc(ctx, func() {
+		if c := raw.Load(); c != nil {
+			(*c).Close()
+		}
+	})
+	conn, err := amqp.DialConfig(url, cfg)
+	if !stop() && err == nil {
+		conn.Close()
+		return nil, ctx.Err()
+	}
+	if err != nil {
+		return nil, err
+	}
+	sockets.Store(conn, *raw.Load())
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	go func() {
+		for range closed { // until the library closes it
+		}
+		sockets.Delete(conn)
+	}()
+	return conn, nil
+}
+
+// sockets maps each open connection dialOne made to its socket.
+var sockets sync.Map
+
+// Close closes conn: the close handshake, given CloseTimeout, and then, if
+// the broker has not answered, the socket. A broker that reads nothing (a
+// connection it blocks during a resource alarm) still sends heartbeats,
+// and each one moves amqp091's read deadline on: the handshake alone could
+// wait as long as the alarm lasts.
+func Close(conn *amqp.Connection) error {
+	done := make(chan error, 1)
+	go func() { done <- conn.CloseDeadline(time.Now().Add(CloseTimeout)) }()
+	t := time.NewTimer(CloseTimeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return closeErr(err)
+	case <-t.C:
+	}
+	if raw, ok := sockets.Load(conn); ok {
+		raw.(net.Conn).Close()
+	}
+	t.Reset(CloseTimeout)
+	select {
+	case err := <-done:
+		return closeErr(err)
+	case <-t.C:
+		return errors.New("close: the connection did not end")
+	}
+}
+
+func closeErr(err error) error {
+	if errors.Is(err, amqp.ErrClosed) {
+		return nil
+	}
+	return err
 }
 
 // PublishingConnectionSuffix ends the name of a consumer's publishing

@@ -151,7 +151,7 @@ func (p *Publisher) watch(chClosed, connClosed chan *amqp.Error, blocked chan am
 				close(p.ended)
 				// A channel exception leaves the connection open: close
 				// it, so that its notification channels close too.
-				go p.conn.CloseDeadline(time.Now().Add(CloseTimeout))
+				go Close(p.conn)
 				continue
 			}
 			p.end(e)
@@ -223,15 +223,12 @@ func (p *Publisher) Err() error {
 	return p.err
 }
 
-// Close closes the connection (waiting at most CloseTimeout for the
-// broker's close-ok: a stalled link does not hold it), and returns once
-// every notification channel was closed and read to its end.
+// Close closes the connection (within about 2 × CloseTimeout, whatever the
+// broker does: see broker.Close), and returns once every notification
+// channel was closed and read to its end.
 func (p *Publisher) Close() error {
-	err := p.conn.CloseDeadline(time.Now().Add(CloseTimeout))
+	err := Close(p.conn)
 	<-p.watching
-	if errors.Is(err, amqp.ErrClosed) {
-		err = nil
-	}
 	return err
 }
 
@@ -339,7 +336,10 @@ func (p *Publisher) answer(ctx context.Context, acked bool, id string) Result {
 	}
 	err := p.Err()
 	var ae *amqp.Error
-	if errors.As(err, &ae) && ae.Server && ae.Recover && !p.conn.IsClosed() {
+	// A soft error is a channel.close from the broker, whatever happened
+	// to the connection since (watch closes it at once): a connection's
+	// loss reaches the channel as a hard error, or as none.
+	if errors.As(err, &ae) && ae.Server && ae.Recover {
 		return Result{Outcome: Refused, Err: fmt.Errorf("the broker closed the channel: %w", ae)}
 	}
 	return Result{Err: fmt.Errorf("no confirm: the connection was lost: %w", err)}
@@ -380,8 +380,8 @@ func validate(m Message) error {
 // key, type, content type, message ID, header name) holds.
 const MaxShortString = 255
 
-// CloseTimeout bounds the wait for the broker's close-ok when a Publisher
-// closes its connection.
+// CloseTimeout bounds the wait for the broker's close-ok when Close closes
+// a connection, and then again the wait for the socket's end.
 const CloseTimeout = 2 * time.Second
 
 // WriteTimeout bounds one write to a broker connection. The broker stops

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/config"
 	"github.com/idemhq/idem/internal/payments"
 	"github.com/idemhq/idem/internal/relay"
@@ -40,7 +41,7 @@ func RunConsume(ctx context.Context, e *Env, args []string) error {
 		fmt.Fprintf(e.Stderr, "idem consume: --partition: %v\n", err)
 		return ErrUsage
 	}
-	cfg, log, dbs, err := e.LoadDB(ctx, *path)
+	cfg, log, dbs, err := e.LoadDBFor(ctx, *path, ConsumeBounds)
 	if err != nil {
 		return err
 	}
@@ -80,7 +81,17 @@ func RunConsume(ctx context.Context, e *Env, args []string) error {
 		err = serve(ctx, run, sc, payments.Handler{Receipts: cfg.Outbox.Emit})
 	}
 	if errors.Is(err, consumer.ErrBrokerRefused) || errors.Is(err, consumer.ErrBrokerUnreachable) {
-		return fmt.Errorf("amqp_url: %w", err)
+		return amqpURLErr(err)
+	}
+	return err
+}
+
+// amqpURLErr names amqp_url in a failure to connect to RabbitMQ; a refusal
+// that lasted (broker.ErrRefused) is a setting to fix, and exits 2.
+func amqpURLErr(err error) error {
+	err = fmt.Errorf("amqp_url: %w", err)
+	if errors.Is(err, broker.ErrRefused) {
+		return configErr(err)
 	}
 	return err
 }

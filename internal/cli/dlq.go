@@ -19,6 +19,7 @@ import (
 	"github.com/idemhq/idem/internal/config"
 	"github.com/idemhq/idem/internal/dlq"
 	"github.com/idemhq/idem/internal/payments"
+	"github.com/idemhq/idem/internal/pgsession"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/partition"
 )
@@ -95,14 +96,14 @@ func checkReason(e *Env, cmd, reason string, matched int) error {
 }
 
 // openDLQ reads the config and connects to the broker.
-func (e *Env) openDLQ(path string) (config.Config, *dlq.Queue, error) {
+func (e *Env) openDLQ(ctx context.Context, path string) (config.Config, *dlq.Queue, error) {
 	cfg, _, err := e.LoadConfig(path)
 	if err != nil {
 		return cfg, nil, err
 	}
-	q, err := dlq.Open(cfg.AMQPURL, cfg.Topology())
+	q, err := dlq.Open(ctx, cfg.AMQPURL, cfg.Topology())
 	if err != nil {
-		return cfg, nil, fmt.Errorf("amqp_url: %w", err)
+		return cfg, nil, amqpURLErr(err)
 	}
 	return cfg, q, nil
 }
@@ -113,7 +114,7 @@ func runDLQList(ctx context.Context, e *Env, args []string) error {
 	if err := Parse(fs, args); err != nil {
 		return err
 	}
-	_, q, err := e.openDLQ(*path)
+	_, q, err := e.openDLQ(ctx, *path)
 	if err != nil {
 		return err
 	}
@@ -188,7 +189,7 @@ was processed and both payload hashes.`)
 	if *limit < 1 {
 		return UsageErr(e, "idem dlq show: -n must be at least 1, got %d", *limit)
 	}
-	cfg, q, err := e.openDLQ(*path)
+	cfg, q, err := e.openDLQ(ctx, *path)
 	if err != nil {
 		return err
 	}
@@ -267,7 +268,7 @@ func printable(b []byte) string {
 // showConflicts prints, for each payload conflict, the dedup row it
 // collided with: when the original was processed and both hashes.
 func (e *Env) showConflicts(ctx context.Context, cfg config.Config, ms []dlq.Message) error {
-	dbs, err := OpenShards(ctx, cfg)
+	dbs, err := OpenShards(ctx, cfg, pgsession.Bounds{})
 	if err != nil {
 		return err
 	}
@@ -318,7 +319,7 @@ replaying an event that was processed is a harmless duplicate. Say which:
 	if !*all && f.reason == "" && f.event == "" {
 		return UsageErr(e, "idem dlq replay: say which dead letters: --reason R, --event ID, or --all")
 	}
-	_, q, err := e.openDLQ(*path)
+	_, q, err := e.openDLQ(ctx, *path)
 	if err != nil {
 		return err
 	}
@@ -375,7 +376,7 @@ func runDLQPurge(ctx context.Context, e *Env, args []string) error {
 	if !*yes {
 		return UsageErr(e, "idem dlq purge: deleting dead letters cannot be undone; add --yes (see them first with 'idem dlq show')")
 	}
-	_, q, err := e.openDLQ(*path)
+	_, q, err := e.openDLQ(ctx, *path)
 	if err != nil {
 		return err
 	}

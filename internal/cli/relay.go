@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/internal/config"
+	"github.com/idemhq/idem/internal/pgsession"
 	"github.com/idemhq/idem/internal/relay"
 	"github.com/idemhq/idem/internal/telemetry"
 	"github.com/idemhq/idem/migrations"
@@ -37,7 +38,7 @@ per shard runs in this process. Applies idem's pending migrations at start.`)
 	if err := Parse(fs, args); err != nil {
 		return err
 	}
-	cfg, log, dbs, err := e.LoadDB(ctx, *path)
+	cfg, log, dbs, err := e.LoadDBFor(ctx, *path, RelayBounds)
 	if err != nil {
 		return err
 	}
@@ -205,7 +206,7 @@ every shard's dead rows, or with --shard S only that shard's.`
 		// Each shard numbers its rows from 1: row N exists on every shard.
 		return UsageErr(e, "%s: --id: row ids are per shard and postgres.shards lists %d; add --shard S (list shows a row as \"shard S: N\")", cmd, shards)
 	}
-	dbs, err := OpenShards(ctx, cfg)
+	dbs, err := OpenShards(ctx, cfg, pgsession.Bounds{})
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/idemhq/idem/internal/config"
 	"github.com/idemhq/idem/internal/layout"
 	"github.com/idemhq/idem/internal/pgerr"
+	"github.com/idemhq/idem/internal/pgsession"
 	"github.com/idemhq/idem/migrations"
 )
 
@@ -23,7 +24,7 @@ import (
 // locked against concurrent runs), so that a publisher may start before the
 // first consumer.
 func checkPartitions(ctx context.Context, cfg config.Config, log *slog.Logger) error {
-	dbs, err := OpenShards(ctx, cfg)
+	dbs, err := OpenShards(ctx, cfg, pgsession.Bounds{})
 	if err != nil {
 		return err
 	}

@@ -158,14 +158,17 @@ type Queue struct {
 
 // Open connects to the broker at url (or to the first node of a
 // comma-separated list that answers) for t's dead-letter queue: one
-// connection to read and ack, one to the same node to publish.
-func Open(url string, t broker.Topology) (*Queue, error) {
+// connection to read and ack, one to the same node to publish. A refusal
+// is dialled again until it lasts (broker.DialAtStart): a broker
+// restarting under a tool is not taken for a bad password, and a lasting
+// refusal is broker.ErrRefused.
+func Open(ctx context.Context, url string, t broker.Topology) (*Queue, error) {
 	urls := broker.SplitURLs(url)
-	conn, node, err := broker.Dial(urls, 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-dlq"}})
+	conn, node, err := broker.DialAtStart(ctx, urls, 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-dlq"}})
 	if err != nil {
 		return nil, fmt.Errorf("dlq: dial: %w", err)
 	}
-	pubConn, _, err := broker.Dial(urls[node:node+1], 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-dlq-publish"}})
+	pubConn, _, err := broker.DialAtStart(ctx, urls[node:node+1], 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-dlq-publish"}})
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("dlq: dial publishing connection: %w", err)

@@ -34,7 +34,7 @@ func newRig(t *testing.T) *rig {
 	ch, err := conn.Channel()
 	require.NoError(t, err)
 	require.NoError(t, topo.Declare(ch))
-	q, err := dlq.Open(url, topo)
+	q, err := dlq.Open(context.Background(), url, topo)
 	require.NoError(t, err)
 	t.Cleanup(func() { q.Close() })
 	return &rig{t: t, q: q, ch: ch}

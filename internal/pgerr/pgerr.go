@@ -62,6 +62,10 @@ func IsTransient(err error) bool {
 		strings.Contains(err.Error(), "conn closed")
 }
 
+// LockNotAvailable is the SQLSTATE of a statement that waited
+// lock_timeout for a lock another session holds.
+const LockNotAvailable = "55P03"
+
 // SQLState returns the SQLSTATE of the first PostgreSQL error in err's chain,
 // or "" if there is none.
 func SQLState(err error) string {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -23,17 +25,42 @@ import (
 // suspects: the next pass publishes each of them alone, and one refused
 // alone spends its attempt. A poison row goes dead; its neighbours do not.
 type amqpPublisher struct {
-	urls []string
-	name string
+	urls    []string
+	name    string
+	metrics *Metrics
 
 	mu      sync.Mutex
 	pub     *broker.Publisher
 	next    int            // the node to dial first
 	suspect map[int64]bool // rows a channel exception left unanswered
+	// refused is the last dial's refusal (broker.IsRefused); nil once a
+	// dial ends otherwise. The relay is not ready while it is fresh.
+	refused atomic.Pointer[refusal]
 }
 
-// publisher returns a running publisher, dialling if need be.
-func (p *amqpPublisher) publisher() (*broker.Publisher, error) {
+// refusal is why the broker refused a dial, and when.
+type refusal struct {
+	why string
+	at  time.Time
+}
+
+// refusalShown is how long a refusal keeps the relay not ready: past the
+// longest backoff between passes, so that the passes without rows for the
+// broker, which dial nothing, do not make it ready meanwhile; and not for
+// ever, for a relay whose rows another relay sent.
+const refusalShown = 3 * maxPassBackoff
+
+// lastRefusal returns why the broker refused the last dial, if it did
+// lately.
+func (p *amqpPublisher) lastRefusal() error {
+	if r := p.refused.Load(); r != nil && time.Since(r.at) < refusalShown {
+		return errors.New(r.why)
+	}
+	return nil
+}
+
+// publisher returns a running publisher, dialling within ctx if need be.
+func (p *amqpPublisher) publisher(ctx context.Context) (*broker.Publisher, error) {
 	if p.pub != nil && p.pub.Err() == nil {
 		return p.pub, nil
 	}
@@ -42,11 +69,21 @@ func (p *amqpPublisher) publisher() (*broker.Publisher, error) {
 	if name == "" {
 		name = fmt.Sprintf("idem-relay-%d", os.Getpid())
 	}
-	conn, i, err := broker.Dial(p.urls, p.next, amqp.Config{Properties: amqp.Table{"connection_name": name}})
+	conn, i, err := broker.DialContext(ctx, p.urls, p.next, amqp.Config{Properties: amqp.Table{"connection_name": name}})
 	if err != nil {
 		p.next++
-		return nil, fmt.Errorf("amqp: %w", err)
+		if !broker.IsRefused(err) {
+			p.refused.Store(nil)
+			return nil, fmt.Errorf("amqp: %w", err)
+		}
+		// Maybe a bad password, maybe a broker restarting: the pass fails,
+		// spending no row's attempt, and the next one dials again.
+		p.metrics.refused()
+		err = fmt.Errorf("amqp: %w", broker.Explain(err))
+		p.refused.Store(&refusal{why: err.Error(), at: time.Now()})
+		return nil, err
 	}
+	p.refused.Store(nil)
 	p.next = i
 	if p.pub, err = broker.NewPublisher(conn, broker.PublisherOptions{}); err != nil {
 		return nil, fmt.Errorf("amqp: %w", err)
@@ -75,9 +112,12 @@ func (p *amqpPublisher) publishAll(ctx context.Context, dests map[string]Destina
 	}
 	var errs []error
 	for _, i := range alone {
+		if ctx.Err() != nil {
+			break // the pass is over: the rest wait for the next
+		}
 		errs = append(errs, p.send(ctx, dests, rows, []int{i}, results))
 	}
-	if len(together) > 0 {
+	if len(together) > 0 && ctx.Err() == nil {
 		errs = append(errs, p.send(ctx, dests, rows, together, results))
 	}
 	return errors.Join(errs...)
@@ -85,7 +125,7 @@ func (p *amqpPublisher) publishAll(ctx context.Context, dests map[string]Destina
 
 // send publishes rows[idx] in one go on the running publisher.
 func (p *amqpPublisher) send(ctx context.Context, dests map[string]Destination, rows []*row, idx []int, results []result) error {
-	pub, err := p.publisher()
+	pub, err := p.publisher(ctx)
 	if err != nil {
 		return err
 	}

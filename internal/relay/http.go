@@ -91,6 +91,11 @@ func (s *httpSender) send(ctx context.Context, d Destination, w *row) result {
 	}
 	req.Header.Set("X-Idem-Event-Id", w.eventID)
 	resp, err := s.client.Do(req)
+	if err != nil && ctx.Err() != nil {
+		// The pass ended (its bound, or shutdown): not the destination's
+		// answer, so no attempt is spent.
+		return result{skipped: true}
+	}
 	if err != nil {
 		return result{err: fmt.Errorf("http: %w", redactURL(err))}
 	}

@@ -18,6 +18,7 @@ type Metrics struct {
 	pending   prometheus.Gauge
 	oldest    prometheus.Gauge
 	dead      prometheus.Gauge
+	refusals  prometheus.Counter
 }
 
 // NewMetrics registers the relay's metrics on reg. Every destination's
@@ -45,8 +46,12 @@ func NewMetrics(reg prometheus.Registerer, destinations []string) (*Metrics, err
 			Name: "idem_outbox_dead_rows",
 			Help: "Outbox rows that failed for good (idem outbox list --dead; idem outbox replay).",
 		}),
+		refusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idem_outbox_broker_refusals_total",
+			Help: "Relay connections RabbitMQ refused (403 access refused, 530 not allowed) or dropped during the handshake, which amqp091 reports alike; each pass tries again. Lasting: the credentials, vhost, permissions or a connection limit; passing: a broker restarting or a network fault.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.published, m.latency, m.pending, m.oldest, m.dead} {
+	for _, c := range []prometheus.Collector{m.published, m.latency, m.pending, m.oldest, m.dead, m.refusals} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -77,6 +82,15 @@ func (m *Metrics) failed(destination string, dead bool) {
 		r = "dead"
 	}
 	m.published.WithLabelValues(destination, r).Inc()
+}
+
+// refused counts a connection the broker refused or dropped during the
+// handshake.
+func (m *Metrics) refused() {
+	if m == nil {
+		return
+	}
+	m.refusals.Inc()
 }
 
 // watchEvery is how often the gauges are read from the table.

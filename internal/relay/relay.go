@@ -135,19 +135,20 @@ func New(cfg Config) (*Relay, error) {
 			return nil, fmt.Errorf("relay: destination %s needs an AMQP URL", d.Name)
 		}
 	}
-	r.amqp = &amqpPublisher{urls: cfg.AMQPURLs, name: cfg.Name}
+	r.amqp = &amqpPublisher{urls: cfg.AMQPURLs, name: cfg.Name, metrics: cfg.Metrics}
 	r.http = newHTTPSender(cfg.PublishTimeout, cfg.DoneStatus)
 	r.ready.Store("not started")
 	return r, nil
 }
 
 // Ready returns nil once a pass has run and the last one reached its
-// destinations, or why not.
+// destinations, and the broker has not refused the relay's connection
+// lately, or why not.
 func (r *Relay) Ready() error {
 	if s := r.ready.Load().(string); s != "" {
 		return errors.New(s)
 	}
-	return nil
+	return r.amqp.lastRefusal()
 }
 
 // Run relays until ctx ends. It returns nil then; other errors come only
@@ -335,17 +336,27 @@ func (r *Relay) publish(ctx context.Context, rows []*row) ([]result, error) {
 			amqpRows = append(amqpRows, i)
 		}
 	}
+	// The pass holds its transaction and its rows' locks while it
+	// publishes: whatever the destinations do, that lasts at most
+	// PublishTimeout (and a second, so that a request sent at once meets
+	// its own timeout, which spends an attempt, before the pass's, which
+	// spends none). What the pass did not reach waits for the next.
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout+passSlack)
+	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- r.http.sendAll(ctx, r.cfg.Destinations, rows, httpRows, results) }()
+	go func() { done <- r.http.sendAll(pctx, r.cfg.Destinations, rows, httpRows, results) }()
 	var errs []error
 	if len(amqpRows) > 0 {
-		pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-		errs = append(errs, r.amqp.publishAll(pctx, r.cfg.Destinations, rows, amqpRows, results))
+		actx, cancel := context.WithTimeout(pctx, r.cfg.PublishTimeout)
+		errs = append(errs, r.amqp.publishAll(actx, r.cfg.Destinations, rows, amqpRows, results))
 		cancel()
 	}
 	errs = append(errs, <-done)
 	return results, errors.Join(errs...)
 }
+
+// passSlack is how long a pass's publishing may outlast PublishTimeout.
+const passSlack = time.Second
 
 // markSent and markFailed record a pass's results.
 const (

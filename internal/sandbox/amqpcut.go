@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -34,13 +35,15 @@ const (
 )
 
 // Cut says where an AMQPCut ends a connection: before forwarding the
-// After+1-th frame of Method that travels Dir. Close (the default) closes
-// both sockets; Stall keeps them open and forwards nothing more either
-// way, as a dropped link does.
+// After+1-th frame of Method that travels Dir on a connection, or, with
+// Next, the next such frame on any connection once the cut is armed.
+// Close (the default) closes both sockets; Stall keeps them open and
+// forwards nothing more either way, as a dropped link does.
 type Cut struct {
 	Dir    Direction
 	Method Method
 	After  int
+	Next   bool
 	Stall  bool
 }
 
@@ -49,7 +52,8 @@ type Cut struct {
 // point: at the first basic.publish, between a basic.return and its
 // basic.ack, right after the client's connection.start-ok. Each armed Cut
 // ends one connection, the next to reach its point; connections are
-// forwarded untouched otherwise.
+// forwarded untouched otherwise. Drop and DropWhere close connections at
+// once, all of them or those of a client-provided name.
 type AMQPCut struct {
 	ln     net.Listener
 	target string
@@ -57,7 +61,7 @@ type AMQPCut struct {
 	mu     sync.Mutex
 	cuts   []Cut
 	done   int // how many cuts fired
-	conns  map[net.Conn]struct{}
+	conns  map[*link]struct{}
 	closed bool
 }
 
@@ -68,10 +72,13 @@ func StartAMQPCut(target string) (*AMQPCut, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: amqp cut: %w", err)
 	}
-	p := &AMQPCut{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &AMQPCut{ln: ln, target: target, conns: map[*link]struct{}{}}
 	go p.serve()
 	return p, nil
 }
+
+// Addr is the host:port the proxy listens on.
+func (p *AMQPCut) Addr() string { return p.ln.Addr().String() }
 
 // URL returns amqpURL (whose host the proxy stands in front of) pointed at
 // the proxy.
@@ -109,12 +116,36 @@ func (p *AMQPCut) Fired() int {
 	return p.done
 }
 
+// Drop closes every proxied connection now, as a network fault does, and
+// goes on forwarding new ones.
+func (p *AMQPCut) Drop() {
+	p.DropWhere(func(string) bool { return true })
+}
+
+// DropWhere closes, as Drop does, the connections whose client-provided
+// name (connection_name, read from their connection.start-ok) match
+// accepts, and returns how many it closed.
+func (p *AMQPCut) DropWhere(match func(name string) bool) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for l := range p.conns {
+		if match(l.connName()) {
+			l.client.Close()
+			l.up.Close()
+			n++
+		}
+	}
+	return n
+}
+
 // Close stops listening and closes every proxied connection.
 func (p *AMQPCut) Close() {
 	p.mu.Lock()
 	p.closed = true
-	for c := range p.conns {
-		c.Close()
+	for l := range p.conns {
+		l.client.Close()
+		l.up.Close()
 	}
 	p.mu.Unlock()
 	p.ln.Close()
@@ -136,6 +167,7 @@ type link struct {
 	client, up net.Conn
 	mu         sync.Mutex
 	seen       map[Direction]map[Method]int
+	name       string // the client's connection_name, once its start-ok passed
 	stalled    chan struct{}
 	stallOnce  sync.Once
 }
@@ -146,6 +178,7 @@ func (p *AMQPCut) handle(c net.Conn) {
 		c.Close()
 		return
 	}
+	l := &link{p: p, client: c, up: u, seen: map[Direction]map[Method]int{ToServer: {}, ToClient: {}}, stalled: make(chan struct{})}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -153,16 +186,14 @@ func (p *AMQPCut) handle(c net.Conn) {
 		u.Close()
 		return
 	}
-	p.conns[c], p.conns[u] = struct{}{}, struct{}{}
+	p.conns[l] = struct{}{}
 	p.mu.Unlock()
-	l := &link{p: p, client: c, up: u, seen: map[Direction]map[Method]int{ToServer: {}, ToClient: {}}, stalled: make(chan struct{})}
 	var wg sync.WaitGroup
 	wg.Go(func() { l.pipe(ToServer, u, c, 8) }) // the protocol header first
 	wg.Go(func() { l.pipe(ToClient, c, u, 0) })
 	wg.Wait()
 	p.mu.Lock()
-	delete(p.conns, c)
-	delete(p.conns, u)
+	delete(p.conns, l)
 	p.mu.Unlock()
 }
 
@@ -189,6 +220,11 @@ func (l *link) pipe(dir Direction, dst, src net.Conn, skip int) {
 		}
 		if hdr[0] == 1 && size >= 4 { // a method frame
 			m := Method{binary.BigEndian.Uint16(frame[7:]), binary.BigEndian.Uint16(frame[9:])}
+			if dir == ToServer && m == ConnectionStartOk {
+				l.mu.Lock()
+				l.name = connectionName(frame[11:])
+				l.mu.Unlock()
+			}
 			if stall, cut := l.check(dir, m); cut {
 				if stall {
 					l.stallOnce.Do(func() { close(l.stalled) })
@@ -220,11 +256,34 @@ func (l *link) check(dir Direction, m Method) (stall, cut bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i, c := range p.cuts {
-		if c.Dir == dir && c.Method == m && c.After == n {
+		if c.Dir == dir && c.Method == m && (c.Next || c.After == n) {
 			p.cuts = append(p.cuts[:i], p.cuts[i+1:]...)
 			p.done++
 			return c.Stall, true
 		}
 	}
 	return false, false
+}
+
+func (l *link) connName() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.name
+}
+
+// connectionName finds the connection_name client property in the
+// arguments of a connection.start-ok: the key as a shortstr, then a
+// longstr value ('S', a 32-bit length, the bytes). A search rather than a
+// walk of the whole field table, which may nest tables of any type.
+func connectionName(args []byte) string {
+	key := append([]byte{byte(len("connection_name"))}, "connection_name"...)
+	i := bytes.Index(args, append(key, 'S'))
+	if i < 0 {
+		return ""
+	}
+	v := args[i+len(key)+1:]
+	if len(v) < 4 || uint64(len(v)-4) < uint64(binary.BigEndian.Uint32(v)) {
+		return ""
+	}
+	return string(v[4 : 4+binary.BigEndian.Uint32(v)])
 }

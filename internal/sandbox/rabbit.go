@@ -37,6 +37,36 @@ func AddVHost(amqpURL, name string) (string, error) {
 // DeleteVHost deletes a virtual host and everything in it.
 func DeleteVHost(name string) error { return rabbitmqctl("delete_vhost", name) }
 
+// AddUser creates RabbitMQ user name with password, grants it every
+// permission in the vhost of amqpURL, and returns amqpURL logging in as it.
+func AddUser(amqpURL, name, password string) (string, error) {
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		return "", fmt.Errorf("sandbox: AMQP URL: %w", err)
+	}
+	vhost := strings.TrimPrefix(u.Path, "/")
+	if vhost == "" {
+		vhost = "/"
+	}
+	if err := rabbitmqctl("add_user", name, password); err != nil {
+		return "", err
+	}
+	if err := rabbitmqctl("set_permissions", "-p", vhost, name, ".*", ".*", ".*"); err != nil {
+		return "", err
+	}
+	u.User = url.UserPassword(name, password)
+	return u.String(), nil
+}
+
+// ChangePassword sets user name's password. Connections already open stay
+// open; the next login needs the new one.
+func ChangePassword(name, password string) error {
+	return rabbitmqctl("change_password", name, password)
+}
+
+// DeleteUser deletes user name.
+func DeleteUser(name string) error { return rabbitmqctl("delete_user", name) }
+
 // CloseVHostConnections closes every client connection in the vhost of
 // amqpURL, as a broker restart or a network cut would.
 func CloseVHostConnections(amqpURL, why string) error {

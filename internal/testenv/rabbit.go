@@ -29,6 +29,34 @@ func VHost(t testing.TB) string {
 	return u
 }
 
+// User creates a RabbitMQ user of the test's own, with every permission in
+// the vhost of amqpURL, and returns an AMQP URL that logs in as it and a
+// func that changes its password (the URL keeps the first). The user is
+// deleted at the end. It needs rabbitmqctl on this machine; without it the
+// test is skipped.
+func User(t testing.TB, amqpURL string) (string, func(password string)) {
+	t.Helper()
+	name := "idem_" + Name(t)
+	u, err := sandbox.AddUser(amqpURL, name, name)
+	if errors.Is(err, sandbox.ErrNoRabbitmqctl) {
+		t.Skip(err)
+	}
+	t.Cleanup(func() {
+		if err := sandbox.DeleteUser(name); err != nil {
+			t.Logf("testenv: %v", err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u, func(password string) {
+		t.Helper()
+		if err := sandbox.ChangePassword(name, password); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // CloseConnections closes every client connection in the vhost of amqpURL,
 // as a broker restart or a network cut would.
 func CloseConnections(t testing.TB, amqpURL string) {

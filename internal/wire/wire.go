@@ -53,6 +53,10 @@ const (
 	// RequeueStoreUnavailable: Postgres stayed unreachable for
 	// consumer.Config.StoreHold, so the delivery is handed back to the broker.
 	RequeueStoreUnavailable = "store_unavailable"
+	// RequeueLockWait: a row the delivery needed stayed locked by another
+	// session (one orphaned by a half-open connection, which the server
+	// ends within idle_in_transaction_session_timeout) for StoreHold.
+	RequeueLockWait = "lock_wait"
 	// RequeueUnroutable: the dead-letter queue was missing, so the
 	// dead letter could not be routed; the consumer re-declares it and
 	// the delivery comes back.
@@ -93,6 +97,10 @@ const (
 	// CounterDeadLetterReturned counts dead letters the broker returned
 	// unroutable (the dead-letter queue was missing); each was requeued.
 	CounterDeadLetterReturned = "dead_letters_returned"
+	// CounterBrokerRefused counts sessions RabbitMQ refused (403, 530) or
+	// dropped during the handshake, each retried; consumer.Stats.Refused
+	// says whether the last one was.
+	CounterBrokerRefused = "broker_refusals"
 )
 
 // Headers set on dead-lettered messages.
@@ -130,5 +138,5 @@ func Reasons() []string {
 // Counters lists every Counter*, for metrics that want a zero for each.
 func Counters() []string {
 	return []string{CounterStoreRetry, CounterUntimedAccepted, CounterBatchSplit, CounterDeferred,
-		CounterReconnect, CounterDeadLetterReturned, CounterPublishBlocked}
+		CounterReconnect, CounterDeadLetterReturned, CounterPublishBlocked, CounterBrokerRefused}
 }

@@ -31,20 +31,20 @@ type BatchHandler[T any] interface {
 }
 
 // hold is the one deadline of the deliveries of a gathered batch held in
-// place while the store is unreachable: it starts at the batch's first hold
-// and is carried through every split, so that no delivery is held longer
-// than Config.StoreHold however often its batch was split. A batch's splits
-// run one after another on one goroutine.
+// place while the store is unreachable: Config.StoreHold from the arrival of
+// its earliest delivery, carried through every split, so that no delivery
+// is held longer than StoreHold from its arrival, however long it waited
+// before its first hold and however often its batch was split. A batch's
+// splits run one after another on one goroutine.
 type hold struct{ until time.Time }
 
-// over starts the clock at its first call and reports whether d has passed
-// since.
-func (h *hold) over(d time.Duration) bool {
-	now := time.Now()
+// over starts the clock at its first call, d from first (the earliest
+// arrival of the held deliveries), and reports whether it has run out.
+func (h *hold) over(first time.Time, d time.Duration) bool {
 	if h.until.IsZero() {
-		h.until = now.Add(d)
+		h.until = first.Add(d)
 	}
-	return !now.Before(h.until)
+	return !time.Now().Before(h.until)
 }
 
 // handle takes items to durable outcomes through one transaction and acks
@@ -131,13 +131,20 @@ func (w *worker[T]) holdInPlace(ctx context.Context, items []item[T], h *hold, w
 	if len(items) == 1 {
 		what = []any{"event_id", items[0].ev.ID}
 	}
-	if h.over(cfg.StoreHold) {
+	if h.over(earliest(items), cfg.StoreHold) {
 		msg := "store unavailable for store_hold, handing the deliveries back"
 		if len(items) == 1 {
 			msg = "store unavailable for store_hold, handing the delivery back"
 		}
 		cfg.Logger.Warn(msg, append(what, "reason", reason, "err", err, "store_hold", cfg.StoreHold)...)
 		w.requeueAll(ctx, items, reason, err)
+		if reason == wire.RequeueStoreUnavailable {
+			// The store stayed away: every delivery this consumer holds
+			// would wait as long. The session ends, handing them all back
+			// to consumers that can reach their store, and the next one
+			// starts once the store answers.
+			w.storeAway()
+		}
 		return false
 	}
 	cfg.Observer.Count(wire.CounterStoreRetry, 1)
@@ -148,6 +155,17 @@ func (w *worker[T]) holdInPlace(ctx context.Context, items []item[T], h *hold, w
 		return false
 	}
 	return true
+}
+
+// earliest returns when the first of items arrived.
+func earliest[T any](items []item[T]) time.Time {
+	first := items[0].received
+	for _, it := range items[1:] {
+		if it.received.Before(first) {
+			first = it.received
+		}
+	}
+	return first
 }
 
 // requeueAll hands every item back to the queue, in order.

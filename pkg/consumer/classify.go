@@ -47,6 +47,11 @@ func classify(err error, timedOut bool) (verdict, string) {
 	}
 	if code := pgerr.SQLState(err); code != "" {
 		switch {
+		case code == pgerr.LockNotAvailable:
+			// lock_timeout: another session holds a row this attempt
+			// needs. Not the event's fault: a healthy holder finishes, an
+			// orphaned one is ended by the server; hold, spend nothing.
+			return holdInPlace, wire.RequeueLockWait
 		case code == "22003":
 			return deadLetterNow, wire.ReasonNumericOverflow
 		case strings.HasPrefix(code, "22"):

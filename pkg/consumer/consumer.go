@@ -25,6 +25,9 @@ type Consumer[T any] struct {
 	node     int         // the index in urls the next session tries first
 	queues   []string    // the queues this consumer takes
 	consumed atomic.Bool // a session reached Consume: start-up is over
+	// refused explains the refusal that ended the last session (see
+	// broker.IsRefused); nil once a session consumes, or ends otherwise.
+	refused atomic.Pointer[string]
 	// live is the acker of the session consuming now; nil between sessions.
 	live atomic.Pointer[acker]
 	// strays are the stream's queues outside its layout; stranded what
@@ -66,6 +69,9 @@ func (c *Consumer[T]) Stats() Stats {
 		s.Consuming, s.InFlight, s.Unacked = true, unsettled, unsettled+held
 	}
 	s.Blocked, _ = c.blocked.state()
+	if why := c.refused.Load(); why != nil {
+		s.Refused = *why
+	}
 	if m := c.stranded.Load(); m != nil {
 		for _, q := range slices.Sorted(maps.Keys(*m)) {
 			s.Stranded += (*m)[q]
@@ -77,39 +83,88 @@ func (c *Consumer[T]) Stats() Stats {
 
 // Run consumes until ctx ends, reconnecting with backoff whenever the
 // connection or a channel is lost. It returns an error at once if the queue
-// exists with arguments other than the Config asks for, or if the broker
-// refuses the credentials or vhost (ErrBrokerRefused), and after
-// StartupTimeout if no session has consumed yet (ErrBrokerUnreachable). When
-// ctx ends it stops taking deliveries, lets in-flight work finish (up to
-// DrainTimeout), acks what committed and closes. It returns nil after a clean
-// drain.
+// exists with arguments other than the Config asks for. Before a session
+// has consumed, it returns ErrBrokerRefused once RabbitMQ has refused the
+// connection (credentials, vhost) a few times in a row over a few seconds
+// (broker.RefusedTries, broker.RefusedFor), and ErrBrokerUnreachable after
+// StartupTimeout. Once one has, a refusal is retried like any failure, for
+// as long as it lasts: amqp091 reports a connection dropped during the
+// handshake (a broker restarting, a network fault) as bad credentials, and
+// a fleet must not exit on it. Each refusal is counted ("broker_refusals")
+// and Stats.Refused says why the consumer is not consuming. When ctx ends
+// it stops taking deliveries, lets in-flight work finish (up to
+// DrainTimeout), acks what committed and closes. It returns nil after a
+// clean drain.
 func (c *Consumer[T]) Run(ctx context.Context) error {
 	log := c.cfg.Logger
 	began := time.Now()
+	var refusals broker.Refusals
 	for attempt := 1; ; attempt++ {
 		started := time.Now()
 		err := c.session(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
+		refused := broker.IsRefused(err)
+		lasting := refusals.Add(err, time.Now())
+		starting := !c.consumed.Load()
 		switch {
 		case isBadTopology(err):
 			// The queue exists with other arguments: retrying cannot help,
 			// and a fleet member spinning on it would hide the mistake.
 			return err
-		case isRefused(err):
-			return fmt.Errorf("%w (check the URL's user, password and vhost): %w", ErrBrokerRefused, err)
-		case !c.consumed.Load() && time.Since(began) >= c.cfg.StartupTimeout:
+		case starting && refused && (lasting || time.Since(began) >= c.cfg.StartupTimeout):
+			return broker.Lasting(err)
+		case starting && time.Since(began) >= c.cfg.StartupTimeout:
 			return fmt.Errorf("%w within StartupTimeout (%s): %w", ErrBrokerUnreachable, c.cfg.StartupTimeout, err)
+		}
+		if errors.Is(err, errStoreAway) {
+			// Take no delivery while the store is away: wait for it, then
+			// consume again at once.
+			if !c.awaitStore(ctx) {
+				return nil
+			}
+			attempt = 0
+			continue
 		}
 		c.cfg.Observer.Count(wire.CounterReconnect, 1)
 		if time.Since(started) > c.cfg.ReconnectBackoff.Max {
 			attempt = 1 // the session was healthy for a while: start over
 		}
 		delay := c.cfg.ReconnectBackoff.Delay(attempt)
-		log.Warn("amqp session ended, reconnecting", "err", err, "attempt", attempt, "delay", delay)
+		if refused {
+			why := broker.Explain(err).Error()
+			c.refused.Store(&why)
+			c.cfg.Observer.Count(wire.CounterBrokerRefused, 1)
+			log.Warn("amqp session refused, reconnecting", "err", why, "attempt", attempt, "delay", delay)
+		} else {
+			c.refused.Store(nil)
+			log.Warn("amqp session ended, reconnecting", "err", err, "attempt", attempt, "delay", delay)
+		}
 		if !sleep(ctx, delay) {
 			return nil
+		}
+	}
+}
+
+// awaitStore pings the guard's stores with backoff until they all answer;
+// it reports false if ctx ended first.
+func (c *Consumer[T]) awaitStore(ctx context.Context) bool {
+	for wait := 1; ; wait++ {
+		pctx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout)
+		err := c.guard.Ping(pctx)
+		cancel()
+		if err == nil {
+			c.cfg.Logger.Info("the store answers again: consuming")
+			return true
+		}
+		delay := c.cfg.RetryBackoff.Delay(wait)
+		if wait == 1 {
+			c.cfg.Logger.Warn("the store stayed unreachable for store_hold: every delivery handed back, consuming nothing until it answers",
+				"err", err, "store_hold", c.cfg.StoreHold)
+		}
+		if !sleep(ctx, delay) {
+			return false
 		}
 	}
 }
@@ -148,6 +203,7 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	go func() { defer close(watched); c.watchStrays(watchCtx, conn) }()
 	defer func() { stopWatching(); <-watched }()
 	c.consumed.Store(true)
+	c.refused.Store(nil)
 	c.cfg.Logger.Info("consuming", "queues", c.queues, "node", node+1, "prefetch", c.cfg.Prefetch, "workers", c.cfg.Workers,
 		"batch_size", c.cfg.BatchSize, "batch_linger", c.cfg.BatchLinger)
 
@@ -158,13 +214,15 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	// stop ends backoff waits as soon as shutdown begins or the session fails.
 	stop, stopWaits := context.WithCancel(ctx)
 	defer stopWaits()
-	w := &worker[T]{c: &c.shared, dl: &deadLetterer{pub: pub}, acker: newAcker(sub.ch), stop: stop, queueOf: sub.queueOf,
+	away := make(chan struct{})
+	var awayOnce sync.Once
+	w := &worker[T]{c: &c.shared, storeAway: func() { awayOnce.Do(func() { close(away) }) }, dl: &deadLetterer{pub: pub}, acker: newAcker(sub.ch), stop: stop, queueOf: sub.queueOf,
 		letters: make(chan letter[T], c.cfg.Prefetch)}
 	c.live.Store(w.acker)
 	defer c.live.Store(nil)
 	workersDone := w.start(workCtx, sub.deliveries)
 
-	cause := c.awaitEnd(ctx, connClosed, pub, sub, workersDone)
+	cause := c.awaitEnd(ctx, connClosed, pub, sub, workersDone, away)
 	if cause != nil {
 		stopWaits()
 		// Close the consume channel so deliveries closes and the workers
@@ -290,7 +348,7 @@ func (w *worker[T]) start(ctx context.Context, deliveries <-chan amqp.Delivery) 
 // awaitEnd waits for shutdown (nil: it cancels the consumers, and the
 // library then closes the deliveries) or for what ends the session (its
 // cause).
-func (c *Consumer[T]) awaitEnd(ctx context.Context, connClosed chan *amqp.Error, pub *broker.Publisher, sub *subscription, workersDone <-chan struct{}) error {
+func (c *Consumer[T]) awaitEnd(ctx context.Context, connClosed chan *amqp.Error, pub *broker.Publisher, sub *subscription, workersDone, storeAway <-chan struct{}) error {
 	select {
 	case <-ctx.Done():
 		for tag := range sub.queueOf {
@@ -312,6 +370,8 @@ func (c *Consumer[T]) awaitEnd(ctx context.Context, connClosed chan *amqp.Error,
 		return fmt.Errorf("%w: queue %q", ErrConsumerCancelled, sub.queueOf[tag])
 	case <-workersDone:
 		return errors.New("delivery channel closed")
+	case <-storeAway:
+		return errStoreAway
 	}
 }
 
@@ -432,11 +492,16 @@ type declareError struct{ err error }
 func (e *declareError) Error() string { return e.err.Error() }
 func (e *declareError) Unwrap() error { return e.err }
 
+// errStoreAway ends a session whose store stayed unreachable for a
+// delivery's StoreHold: the next session waits for the store first.
+var errStoreAway = errors.New("the store stayed unreachable for store_hold: every delivery handed back")
+
 // Errors Run returns at start.
 var (
-	// ErrBrokerRefused: RabbitMQ refused the connection for a reason a
-	// retry cannot fix (credentials, vhost).
-	ErrBrokerRefused = errors.New("RabbitMQ refused the connection")
+	// ErrBrokerRefused: RabbitMQ kept refusing the connection, or dropping
+	// it during the handshake, before any session consumed (see Run): the
+	// credentials, the vhost, a permission or a connection limit.
+	ErrBrokerRefused = broker.ErrRefused
 	// ErrBrokerUnreachable: no session reached Consume within StartupTimeout.
 	ErrBrokerUnreachable = errors.New("RabbitMQ was not reachable")
 	// ErrConsumerCancelled ends a session: the broker cancelled the
@@ -444,14 +509,6 @@ var (
 	// the session reconnects to consume them all again.
 	ErrConsumerCancelled = errors.New("the broker cancelled a consumer")
 )
-
-// isRefused reports a connection the broker refused for a reason a retry
-// cannot fix: bad credentials (403) or a missing or forbidden vhost (530).
-func isRefused(err error) bool {
-	var ae *amqp.Error
-	return errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed) ||
-		errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrVhost) || errors.Is(err, amqp.ErrSASL)
-}
 
 // isBadTopology reports a declaration the broker refused with 406 because it
 // contradicts what exists. Other 406s (an ack timeout on a delivery held

@@ -71,6 +71,12 @@ type Stats struct {
 	// connection (a memory or disk alarm: "low on memory"); empty when it
 	// does not. Dead letters wait meanwhile, unacked; acks go on.
 	Blocked string
+	// Refused says why the last session ended, when RabbitMQ refused the
+	// connection or dropped it during the handshake (bad credentials, a
+	// vhost, a connection limit; or a broker restarting, a network fault):
+	// the consumer retries meanwhile. Empty once a session consumes, or
+	// ends otherwise.
+	Refused string
 }
 
 type nopObserver struct{}

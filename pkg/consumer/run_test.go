@@ -47,6 +47,9 @@ type rig struct {
 	stats map[string]*atomic.Int64 // deliveries by outcome, and Counter* counts
 	// consumerStats is the consumer's Stats.
 	consumerStats func() consumer.Stats
+	// ended closes when Run returns, before the test's end only if it
+	// returned on its own.
+	ended <-chan struct{}
 
 	mu      sync.Mutex
 	settled []settledAt // every settlement, in order
@@ -116,7 +119,9 @@ func startRigWith[T any](t *testing.T, h consumer.Handler[T], fast guard.FastPat
 	require.NoError(t, topo.Declare(r.ch))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
+	ended := make(chan struct{})
+	r.ended = ended
+	go func() { done <- c.Run(ctx); close(ended) }()
 	t.Cleanup(func() {
 		cancel()
 		require.NoError(t, <-done)

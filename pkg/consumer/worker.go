@@ -40,6 +40,9 @@ type worker[T any] struct {
 	queueOf map[string]string
 	// letters are the dead letters sendLetters publishes, in order.
 	letters chan letter[T]
+	// storeAway ends the session: a hold ran out with the store still
+	// unreachable. Safe to call more than once.
+	storeAway func()
 	// holds are the keys held after a hand-back (Config.KeyOrder).
 	holds keyHolds
 }

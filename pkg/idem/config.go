@@ -23,13 +23,19 @@ type Config struct {
 	Scope string
 	// DatabaseURL is the PostgreSQL URL (or DSN) the service opens a pool
 	// on, sized Consumer.Workers + 4 unless the URL sets pool_max_conns.
+	// Its sessions are bounded on both ends (TCP keepalives and user
+	// timeout; idle_in_transaction_session_timeout, statement_timeout and
+	// lock_timeout from Consumer.HandlerTimeout), unless the URL sets them.
 	// Set it or Databases.
 	DatabaseURL string
 	// Databases are pools the service already has, in shard order: one,
 	// or one per shard of the authoritative tier (see guard.Config.Shards).
 	// Each should allow more connections than Consumer.Workers (a warning
 	// is logged otherwise: batches would wait for a connection, within
-	// their HandlerTimeout). The service does not close them.
+	// their HandlerTimeout). The service does not close them, nor bound
+	// their sessions: set idle_in_transaction_session_timeout and
+	// lock_timeout on them (docs/operations.md), or a session orphaned by
+	// a half-open connection keeps its claimed rows locked.
 	Databases []*pgxpool.Pool
 	// Redis is the fast tier's client. Its options must let the context's
 	// deadline bound each call (ContextTimeoutEnabled). The service does not

@@ -22,11 +22,12 @@ const checkTimeout = time.Second
 
 // Health serves the probes: /healthz answers while the process does;
 // /readyz answers 200 while the consumer consumes and every database
-// answers, and 503 otherwise. Its body has one line per check, including
-// those reported but not required: Redis (without it events go to
-// Postgres, correctly), the broker blocking publishers (dead letters wait,
-// acks go on) and messages stranded in queues outside the stream's layout.
-// Mount it on the service's own mux, or serve it alone.
+// answers, and 503 otherwise (saying why, when RabbitMQ refuses the
+// connection or drops it during the handshake). Its body has one line per
+// check, including those reported but not required: Redis (without it
+// events go to Postgres, correctly), the broker blocking publishers (dead
+// letters wait, acks go on) and messages stranded in queues outside the
+// stream's layout. Mount it on the service's own mux, or serve it alone.
 func (s *Service[T]) Health() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -46,7 +47,10 @@ func (s *Service[T]) Health() http.Handler {
 func (s *Service[T]) checks() []check {
 	return []check{
 		{name: "consumer", required: true, run: func(context.Context) error {
-			if !s.Stats().Consuming {
+			if st := s.Stats(); !st.Consuming {
+				if st.Refused != "" {
+					return fmt.Errorf("not consuming: %s", st.Refused)
+				}
 				return errors.New("not consuming (starting, or reconnecting to RabbitMQ)")
 			}
 			return nil

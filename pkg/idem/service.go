@@ -15,6 +15,7 @@ import (
 	"github.com/idemhq/idem/internal/horizon"
 	"github.com/idemhq/idem/internal/layout"
 	"github.com/idemhq/idem/internal/pgerr"
+	"github.com/idemhq/idem/internal/pgsession"
 	"github.com/idemhq/idem/migrations"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
@@ -92,6 +93,9 @@ func (s *Service[T]) open() error {
 		if t := pc.ConnConfig.ConnectTimeout; t == 0 || t > 5*time.Second {
 			pc.ConnConfig.ConnectTimeout = 5 * time.Second
 		}
+		// Sessions bounded on both ends: an orphaned one never holds a
+		// claimed row's lock past the handler timeout and a margin.
+		pgsession.Apply(pc, pgsession.Bounds{Tx: cfg.Consumer.HandlerTimeout})
 		pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 		if err != nil {
 			return fmt.Errorf("idem: DatabaseURL: %w", err)
@@ -182,9 +186,12 @@ func (s *Service[T]) build(notBefore time.Time, formerPartitions int) (*consumer
 // opened. Start-up waits, logging, for a PostgreSQL that is not up yet (up
 // to Consumer.StartupTimeout) and stops at once on what cannot fix itself:
 // a failing migration, a database in another shard's place, another
-// partition count, a Redis too old for the fast tier. A Redis that does not
-// answer is logged; events go to Postgres until it does. Run returns nil
-// when ctx ends, even during start-up. Call it once.
+// partition count, a Redis too old for the fast tier, and RabbitMQ refusing
+// the connection again and again (consumer.ErrBrokerRefused; once the
+// consumer has consumed, a refusal is retried for as long as it lasts, and
+// Health says so). A Redis that does not answer is logged; events go to
+// Postgres until it does. Run returns nil when ctx ends, even during
+// start-up. Call it once.
 func (s *Service[T]) Run(ctx context.Context) error {
 	defer s.close()
 	notBefore, former, err := s.startUp(ctx)

@@ -160,6 +160,7 @@ var counterHelp = map[string]string{
 	wire.CounterReconnect:          "Reconnections to RabbitMQ after a session ended or a dial failed.",
 	wire.CounterDeadLetterReturned: "Dead letters the broker returned unroutable (dead-letter queue missing); each was requeued and the queue re-declared.",
 	wire.CounterPublishBlocked:     "Times RabbitMQ blocked the consumer's publishing connection (a memory or disk alarm); dead letters wait meanwhile, acks go on.",
+	wire.CounterBrokerRefused:      "Sessions RabbitMQ refused (403 access refused, 530 not allowed) or dropped during the handshake, which amqp091 reports alike; each is retried. Lasting: the credentials, vhost, permissions or a connection limit; passing: a broker restarting or a network fault.",
 }
 
 // AddReasons starts the dead-letter series of reasons at 0: the runtime's

@@ -217,6 +217,7 @@ func TestMetricsAfterAKnownStream(t *testing.T) {
 		{"idem_consuming", nil, 1},
 		{"idem_store_retries_in_place_total", nil, 0},
 		{"idem_reconnects_total", nil, 0},
+		{"idem_broker_refusals_total", nil, 0},
 		{"idem_dead_letters_returned_total", nil, 0},
 		{"idem_batch_splits_total", nil, 0},
 		{"idem_untimed_accepted_total", nil, 0},
@@ -227,6 +228,7 @@ func TestMetricsAfterAKnownStream(t *testing.T) {
 		{"idem_outbox_attempts_total", []string{"destination", "receipts", "result", "sent"}, 0},
 		{"idem_outbox_pending_rows", nil, 0},
 		{"idem_outbox_dead_rows", nil, 0},
+		{"idem_outbox_broker_refusals_total", nil, 0},
 	}
 	for _, w := range want {
 		if w.value < 0 {

@@ -17,7 +17,10 @@ import (
 // `idem consume` with exit 1 and a message naming the setting and the
 // cause, long before the start-up deadline (30s here; e.run fails the test
 // if a command runs for a minute). Before, each of these logged "consuming"
-// or nothing and retried for ever.
+// or nothing and retried for ever. RabbitMQ refusing the connection exits
+// 2, a setting to fix, once the refusal has repeated for a few seconds (a
+// broker restarting drops handshakes too, and amqp091 reports a dropped one
+// as bad credentials).
 func TestStartupSaysWhatIsWrongAndStops(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "", "")
@@ -37,31 +40,34 @@ func TestStartupSaysWhatIsWrongAndStops(t *testing.T) {
 		return strings.Replace(e.amqpURL, "guest:guest", userinfo, 1)
 	}
 
+	refusedAfterRetries := []string{"msg=\"amqp session refused, reconnecting\"", "dropped it during the handshake",
+		"amqp_url: RabbitMQ refused the connection (check the URL's user, password and vhost)"}
 	cases := []struct {
 		name     string
 		env      []string
 		contains []string
+		code     int // exit status
 	}{
-		{"AMQP bad password", []string{"AMQP_URL=" + amqpUser("guest:wrong")}, []string{"amqp_url", "refused", "403"}},
-		{"AMQP missing vhost", []string{"AMQP_URL=" + strings.TrimSuffix(e.amqpURL, "/") + "/no_such_vhost"}, []string{"amqp_url", "refused"}},
-		{"AMQP http scheme", []string{"AMQP_URL=http://guest:guest@127.0.0.1:5672/"}, []string{"amqp_url", "cannot be parsed"}},
-		{"AMQP unparseable", []string{"AMQP_URL=amqp://guest:guest@127.0.0.1:notaport/"}, []string{"amqp_url", "cannot be parsed"}},
-		{"migration 42P07", []string{"DATABASE_URL=" + stale}, []string{"migrations failed, and retrying cannot fix it", "42P07"}},
-		{"schema missing (3F000)", []string{"DATABASE_URL=" + testenv.WithParam(testenv.DatabaseURL(), "search_path", "no_such_schema_idem")}, []string{"retrying cannot fix it", "3F000"}},
-		{"database missing", []string{"DATABASE_URL=postgres://postgres@127.0.0.1:5432/no_such_db_idem?sslmode=disable"}, []string{"retrying cannot fix it", "3D000"}},
-		{"metrics_addr taken", []string{"IDEM_METRICS_ADDR=" + busy.Addr().String()}, []string{"metrics_addr", "address already in use"}},
-		{"metrics_addr malformed", []string{"IDEM_METRICS_ADDR=nohost:port:x"}, []string{"metrics_addr"}},
-		{"misspelt variable", []string{"IDEM_CONSUMER_WORKRS=4"}, []string{"IDEM_CONSUMER_WORKRS names no setting"}},
+		{"AMQP bad password", []string{"AMQP_URL=" + amqpUser("guest:wrong")}, append([]string{"403"}, refusedAfterRetries...), 2},
+		{"AMQP missing vhost", []string{"AMQP_URL=" + strings.TrimSuffix(e.amqpURL, "/") + "/no_such_vhost"}, refusedAfterRetries, 2},
+		{"AMQP http scheme", []string{"AMQP_URL=http://guest:guest@127.0.0.1:5672/"}, []string{"amqp_url", "cannot be parsed"}, 1},
+		{"AMQP unparseable", []string{"AMQP_URL=amqp://guest:guest@127.0.0.1:notaport/"}, []string{"amqp_url", "cannot be parsed"}, 1},
+		{"migration 42P07", []string{"DATABASE_URL=" + stale}, []string{"migrations failed, and retrying cannot fix it", "42P07"}, 1},
+		{"schema missing (3F000)", []string{"DATABASE_URL=" + testenv.WithParam(testenv.DatabaseURL(), "search_path", "no_such_schema_idem")}, []string{"retrying cannot fix it", "3F000"}, 1},
+		{"database missing", []string{"DATABASE_URL=postgres://postgres@127.0.0.1:5432/no_such_db_idem?sslmode=disable"}, []string{"retrying cannot fix it", "3D000"}, 1},
+		{"metrics_addr taken", []string{"IDEM_METRICS_ADDR=" + busy.Addr().String()}, []string{"metrics_addr", "address already in use"}, 1},
+		{"metrics_addr malformed", []string{"IDEM_METRICS_ADDR=nohost:port:x"}, []string{"metrics_addr"}, 1},
+		{"misspelt variable", []string{"IDEM_CONSUMER_WORKRS=4"}, []string{"IDEM_CONSUMER_WORKRS names no setting"}, 1},
 		// A service that is not up is waited for, visibly, until the deadline.
 		{"Postgres not up", []string{"DATABASE_URL=postgres://postgres@127.0.0.1:" + fmt.Sprint(closed) + "/test?sslmode=disable", "IDEM_CONSUMER_STARTUP_TIMEOUT=2s"},
-			[]string{"waiting for PostgreSQL", "PostgreSQL was not reachable within the start-up timeout (2s)"}},
+			[]string{"waiting for PostgreSQL", "PostgreSQL was not reachable within the start-up timeout (2s)"}, 1},
 		{"RabbitMQ not up", []string{"AMQP_URL=amqp://guest:guest@127.0.0.1:" + fmt.Sprint(closed) + "/", "IDEM_CONSUMER_STARTUP_TIMEOUT=2s"},
-			[]string{"amqp_url: RabbitMQ was not reachable within StartupTimeout (2s)"}},
+			[]string{"amqp_url: RabbitMQ was not reachable within StartupTimeout (2s)"}, 1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			r := e.run(append([]string{"IDEM_CONSUMER_STARTUP_TIMEOUT=30s"}, c.env...), "consume")
-			require.Equal(t, 1, r.code, r.out)
+			require.Equal(t, c.code, r.code, r.out)
 			for _, s := range c.contains {
 				require.Contains(t, r.out, s)
 			}

@@ -1,0 +1,190 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/sandbox"
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/pkg/idem"
+)
+
+// ledgerHandler applies "id" as a ledger row; stall, if set, runs inside
+// the transaction first.
+type ledgerHandler struct {
+	stall func(ctx context.Context, id string)
+}
+
+func (ledgerHandler) Decode(m consumer.Message) (guard.Event, string, error) {
+	return guard.Event{ID: m.ID, Hash: guard.HashFields(string(m.Body)), Time: time.Now()}, m.ID, nil
+}
+
+func (h ledgerHandler) Apply(ctx context.Context, tx pgx.Tx, id string) error {
+	if h.stall != nil {
+		h.stall(ctx, id)
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO ledger (event_id, user_id, amount) VALUES ($1, 'u', 1)`, id)
+	return err
+}
+
+// viaLink returns dbURL with its host and port replaced by the link's.
+func viaLink(t *testing.T, dbURL string, l *sandbox.Link) string {
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.Host = l.Addr()
+	return u.String()
+}
+
+func runService(t *testing.T, cfg idem.Config, h ledgerHandler) (stop func()) {
+	t.Helper()
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	if testing.Verbose() {
+		cfg.Logger = slog.Default()
+	}
+	svc, err := idem.New(cfg, h)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = svc.Run(ctx) }()
+	var once atomic.Bool
+	stop = func() {
+		if once.Swap(true) {
+			return
+		}
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("the service did not stop")
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// TestAnOrphanedSessionNeverWedgesAHealthyConsumer: consumer A's link to
+// Postgres goes silent (packets dropped, nothing closed) while its
+// transaction holds the claimed row of e1. The server keeps that session,
+// idle in transaction, with the row locked. Consumer B, healthy, gets e1
+// once A hands it back: its claim must not wait on the orphan for ever (nor
+// spend e1's attempts into the dead-letter queue): the server ends the
+// orphaned session within the handler timeout and a margin, and B applies
+// e1 once.
+func TestAnOrphanedSessionNeverWedgesAHealthyConsumer(t *testing.T) {
+	db, dbURL := testenv.Schema(t, testenv.Effects)
+	amqpURL := testenv.AMQPURL()
+	queue := testenv.Queue(t, amqpURL)
+	faults := sandbox.StartFaults()
+	t.Cleanup(faults.Close)
+	pg, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	link, err := faults.Link("postgres", pg.Host)
+	require.NoError(t, err)
+
+	inside := make(chan struct{})
+	var stalled atomic.Bool
+	a := ledgerHandler{stall: func(ctx context.Context, id string) {
+		if id == "e1" && !stalled.Swap(true) {
+			close(inside)
+			<-ctx.Done() // the link goes silent meanwhile
+		}
+	}}
+	cons := consumer.Config{URL: amqpURL, Queue: queue, HandlerTimeout: 2 * time.Second, StoreHold: 3 * time.Second,
+		DeliveryLimit: 3, BatchSize: 1}
+	stopA := runService(t, idem.Config{Scope: "pay", DatabaseURL: viaLink(t, dbURL, link), Consumer: cons}, a)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, amqpURL, queue) >= 0 }, 20*time.Second, 50*time.Millisecond,
+		"consumer A declared its queue")
+	publishIDs(t, amqpURL, queue, "e1")
+	select {
+	case <-inside:
+	case <-time.After(20 * time.Second):
+		t.Fatal("consumer A never applied e1")
+	}
+	require.NoError(t, link.Blackhole())
+	t.Cleanup(func() { _ = link.Heal() })
+
+	// A's session is now orphaned, idle in transaction, e1's row locked.
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, db.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' AND datname = current_database() AND pid <> pg_backend_pid()`).Scan(&n))
+		return n > 0
+	}, 10*time.Second, 50*time.Millisecond, "A's session idles in its transaction")
+
+	runService(t, idem.Config{Scope: "pay", DatabaseURL: dbURL, Consumer: cons}, ledgerHandler{})
+	// A hands e1 back after StoreHold; B takes it and must apply it once
+	// the server has ended A's session.
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, db.QueryRow(context.Background(), `SELECT count(*) FROM ledger WHERE event_id = 'e1'`).Scan(&n))
+		return n == 1
+	}, 45*time.Second, 100*time.Millisecond, "e1 applied by the healthy consumer")
+	stopA()
+	require.Equal(t, 0, testenv.QueueDepth(t, amqpURL, queue+".dlq"), "nothing dead-lettered")
+}
+
+func publishIDs(t *testing.T, amqpURL, queue string, ids ...string) {
+	t.Helper()
+	conn, err := amqp.Dial(amqpURL)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	for _, id := range ids {
+		require.NoError(t, ch.Publish("", queue, false, false, amqp.Publishing{MessageId: id, Body: []byte(id), Timestamp: time.Now()}))
+	}
+}
+
+// TestAConsumerCutOffFromItsStoreHandsBackWhatItHolds: consumer A's link to
+// Postgres goes silent and stays so; B is healthy. A must not keep its
+// prefetch: every delivery it took is back in the queue, and applied by B,
+// within StoreHold of its arrival (and a margin), while A's link is still
+// silent; and A takes no more until its store answers.
+func TestAConsumerCutOffFromItsStoreHandsBackWhatItHolds(t *testing.T) {
+	db, dbURL := testenv.Schema(t, testenv.Effects)
+	amqpURL := testenv.AMQPURL()
+	queue := testenv.Queue(t, amqpURL)
+	faults := sandbox.StartFaults()
+	t.Cleanup(faults.Close)
+	pg, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	link, err := faults.Link("postgres", pg.Host)
+	require.NoError(t, err)
+
+	const storeHold = 3 * time.Second
+	cons := consumer.Config{URL: amqpURL, Queue: queue, HandlerTimeout: time.Second, StoreHold: storeHold,
+		BatchSize: 1, Prefetch: 100}
+	runService(t, idem.Config{Scope: "pay", DatabaseURL: viaLink(t, dbURL, link), Consumer: cons}, ledgerHandler{})
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, amqpURL, queue) >= 0 }, 20*time.Second, 50*time.Millisecond)
+	require.NoError(t, link.Blackhole())
+	t.Cleanup(func() { _ = link.Heal() })
+	runService(t, idem.Config{Scope: "pay", DatabaseURL: dbURL, Consumer: cons}, ledgerHandler{})
+
+	ids := make([]string, 60)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("e%02d", i)
+	}
+	publishIDs(t, amqpURL, queue, ids...)
+	published := time.Now()
+	var applied int
+	require.Eventually(t, func() bool {
+		require.NoError(t, db.QueryRow(context.Background(), `SELECT count(DISTINCT event_id) FROM ledger`).Scan(&applied))
+		return applied == len(ids)
+	}, 60*time.Second, 100*time.Millisecond)
+	took := time.Since(published)
+	require.Less(t, took, storeHold+5*time.Second, "every event applied within store_hold of its arrival and a margin, while A's link is down (took %s)", took)
+	var doubled int
+	require.NoError(t, db.QueryRow(context.Background(), `SELECT count(*) - count(DISTINCT event_id) FROM ledger`).Scan(&doubled))
+	require.Zero(t, doubled)
+}
