@@ -2,7 +2,6 @@ package broker_test
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,17 +13,6 @@ import (
 	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/testenv"
 )
-
-// cutProxy puts an AMQPCut in front of the local broker.
-func cutProxy(t *testing.T) (*sandbox.AMQPCut, string) {
-	t.Helper()
-	u, err := amqp.ParseURI(testenv.AMQPURL())
-	require.NoError(t, err)
-	p, err := sandbox.StartAMQPCut(u.Host + ":" + strconv.Itoa(u.Port))
-	require.NoError(t, err)
-	t.Cleanup(p.Close)
-	return p, p.URL(testenv.AMQPURL())
-}
 
 func openPublisher(t *testing.T, url string, opts broker.PublisherOptions) *broker.Publisher {
 	t.Helper()
@@ -115,7 +103,7 @@ func TestPublisherEndsOnEveryConnectionLoss(t *testing.T) {
 		{"stalled before the ack", sandbox.Cut{Dir: sandbox.ToClient, Method: sandbox.BasicAck, Stall: true}, []broker.Message{msg(q, "s")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			proxy, url := cutProxy(t)
+			proxy, url := testenv.AMQPCut(t)
 			p := openPublisher(t, url, broker.PublisherOptions{})
 			proxy.Arm(tc.cut)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/sandbox"
+	"github.com/idemhq/idem/internal/testenv"
 )
 
 // TestARefusalLastsOnlyOnceItRepeats: refusals in a row last once there
@@ -52,7 +53,7 @@ func TestARefusalLastsOnlyOnceItRepeats(t *testing.T) {
 // good, it gives up with ErrRefused after RefusedFor, and at once when its
 // context ends.
 func TestDialAtStartWaitsOutADroppedHandshake(t *testing.T) {
-	proxy, url := cutProxy(t)
+	proxy, url := testenv.AMQPCut(t)
 	startOk := sandbox.Cut{Dir: sandbox.ToServer, Method: sandbox.ConnectionStartOk}
 	proxy.Arm(startOk, startOk, startOk, startOk)
 	conn, _, err := broker.DialAtStart(context.Background(), []string{url}, 0, amqp.Config{})

@@ -28,7 +28,7 @@ func TestADroppedHandshakeLeavesTheRelayNotReadyAndRetrying(t *testing.T) {
 		id := fmt.Sprintf("e%d", i)
 		send(t, g, id, outbox.Message{EventID: id, To: "q", Key: "k", Body: []byte(id)})
 	}
-	proxy, url := cutBroker(t)
+	proxy, url := testenv.AMQPCut(t)
 	cuts := make([]sandbox.Cut, 10000)
 	for i := range cuts {
 		cuts[i] = sandbox.Cut{Dir: sandbox.ToServer, Method: sandbox.ConnectionStartOk}

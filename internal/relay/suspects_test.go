@@ -32,7 +32,7 @@ func TestSuspectsAloneNeverOutliveThePassesContext(t *testing.T) {
 	// pass: the broker's 404 makes suspects of them.
 	send(t, g, "p1", outbox.Message{EventID: "p1", To: "nowhere", Key: "k", Body: []byte("p1")})
 	send(t, g, "p2", outbox.Message{EventID: "p2", To: "nowhere", Key: "k", Body: []byte("p2")})
-	proxy, url := cutBroker(t)
+	proxy, url := testenv.AMQPCut(t)
 	r, err := relay.New(relay.Config{DB: db, AMQPURLs: []string{url}, MaxAttempts: 1000, Retention: time.Hour,
 		PollInterval: 50 * time.Millisecond, BackoffMin: 3 * time.Second, BackoffMax: 3 * time.Second, PublishTimeout: 2 * time.Second,
 		Destinations: amqpDest(t, "q=queue:"+top.Queue+" nowhere=exchange:idem.test.no-such-exchange-"+testenv.Name(t))})

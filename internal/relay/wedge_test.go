@@ -5,14 +5,12 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/internal/relay"
@@ -20,18 +18,6 @@ import (
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/pkg/outbox"
 )
-
-// cutBroker puts an AMQPCut in front of the local broker and returns its
-// URL.
-func cutBroker(t *testing.T) (*sandbox.AMQPCut, string) {
-	t.Helper()
-	u, err := amqp.ParseURI(testenv.AMQPURL())
-	require.NoError(t, err)
-	p, err := sandbox.StartAMQPCut(u.Host + ":" + strconv.Itoa(u.Port))
-	require.NoError(t, err)
-	t.Cleanup(p.Close)
-	return p, p.URL(testenv.AMQPURL())
-}
 
 // runBounded runs a relay like run, but fails the test (instead of hanging
 // it) if the relay does not return within 5s of its context's end: a relay
@@ -89,7 +75,7 @@ func TestALostBrokerConnectionNeverWedgesTheRelay(t *testing.T) {
 		id := fmt.Sprintf("e%03d", i)
 		send(t, g, id, outbox.Message{EventID: id, To: "q", Key: "one-key", Body: []byte(id)})
 	}
-	proxy, url := cutBroker(t)
+	proxy, url := testenv.AMQPCut(t)
 	proxy.Arm(sandbox.Cut{Dir: sandbox.ToServer, Method: sandbox.BasicPublish},
 		sandbox.Cut{Dir: sandbox.ToClient, Method: sandbox.BasicAck})
 	runBounded(t, relay.Config{DB: db, AMQPURLs: []string{url}, MaxAttempts: 1, Retention: time.Hour,
@@ -115,7 +101,7 @@ func TestABrokerOutageNeverMakesARowDead(t *testing.T) {
 		id := fmt.Sprintf("e%d", i)
 		send(t, g, id, outbox.Message{EventID: id, To: "q", Key: "k", Body: []byte(id)})
 	}
-	proxy, url := cutBroker(t)
+	proxy, url := testenv.AMQPCut(t)
 	for range 3 {
 		proxy.Arm(sandbox.Cut{Dir: sandbox.ToClient, Method: sandbox.BasicAck})
 	}
@@ -136,7 +122,7 @@ func TestAReturnedMessageWhoseConnectionDropsDoesNotWedge(t *testing.T) {
 	db, _ := testenv.Schema(t)
 	g := newGuard(t, db)
 	send(t, g, "e1", outbox.Message{EventID: "e1", To: "q", Body: []byte("x")})
-	proxy, url := cutBroker(t)
+	proxy, url := testenv.AMQPCut(t)
 	proxy.Arm(sandbox.Cut{Dir: sandbox.ToClient, Method: sandbox.BasicAck})
 	runBounded(t, relay.Config{DB: db, AMQPURLs: []string{url}, MaxAttempts: 2,
 		Destinations: amqpDest(t, "q=queue:idem.test.no-such-queue-"+testenv.Name(t))})

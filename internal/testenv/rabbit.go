@@ -2,7 +2,11 @@ package testenv
 
 import (
 	"errors"
+	"net"
+	"strconv"
 	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemhq/idem/internal/sandbox"
 )
@@ -64,4 +68,20 @@ func CloseConnections(t testing.TB, amqpURL string) {
 	if err := sandbox.CloseVHostConnections(amqpURL, "idem-lab chaos test"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// AMQPCut puts a sandbox.AMQPCut in front of the broker at AMQPURL and
+// returns it and the AMQP URL through it; it is closed at the end.
+func AMQPCut(t testing.TB) (*sandbox.AMQPCut, string) {
+	t.Helper()
+	u, err := amqp.ParseURI(AMQPURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := sandbox.StartAMQPCut(net.JoinHostPort(u.Host, strconv.Itoa(u.Port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p, p.URL(AMQPURL())
 }

@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/internal/broker"
@@ -22,17 +20,6 @@ import (
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/pgtier"
 )
-
-// cutBroker puts an AMQPCut in front of the local broker.
-func cutBroker(t *testing.T) *sandbox.AMQPCut {
-	t.Helper()
-	u, err := amqp.ParseURI(testenv.AMQPURL())
-	require.NoError(t, err)
-	p, err := sandbox.StartAMQPCut(u.Host + ":" + strconv.Itoa(u.Port))
-	require.NoError(t, err)
-	t.Cleanup(p.Close)
-	return p
-}
 
 // handshakeCuts closes the next n connections right after the client's
 // connection.start-ok, as a broker restarting or a dropped link does:
@@ -65,7 +52,7 @@ func (r *rig) requireLedger(n int) {
 // or password not allowed") and the process exited.
 func TestADroppedHandshakeNeverEndsARunningConsumer(t *testing.T) {
 	t.Parallel()
-	proxy := cutBroker(t)
+	proxy, _ := testenv.AMQPCut(t)
 	r := startRig(t, batchHandler{}, func(cfg *consumer.Config) {
 		cfg.URL = proxy.URL(cfg.URL)
 		cfg.ReconnectBackoff = consumer.Backoff{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond}
@@ -113,7 +100,7 @@ func TestADroppedHandshakeNeverEndsARunningConsumer(t *testing.T) {
 // ended Run with ErrBrokerRefused.
 func TestABlipAtStartIsNotABadPassword(t *testing.T) {
 	t.Parallel()
-	proxy := cutBroker(t)
+	proxy, _ := testenv.AMQPCut(t)
 	proxy.Arm(handshakeCuts(5)...)
 	r := startRig(t, batchHandler{}, func(cfg *consumer.Config) {
 		cfg.URL = proxy.URL(cfg.URL)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -36,6 +37,20 @@ func (h ledgerHandler) Apply(ctx context.Context, tx pgx.Tx, id string) error {
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO ledger (event_id, user_id, amount) VALUES ($1, 'u', 1)`, id)
 	return err
+}
+
+// linkedSchema makes a schema of the test's own with the test handler's
+// tables, and a fault link to its server.
+func linkedSchema(t *testing.T) (*pgxpool.Pool, string, *sandbox.Link) {
+	t.Helper()
+	db, dbURL := testenv.Schema(t, testenv.Effects)
+	faults := sandbox.StartFaults()
+	t.Cleanup(faults.Close)
+	pg, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	link, err := faults.Link("postgres", pg.Host)
+	require.NoError(t, err)
+	return db, dbURL, link
 }
 
 // viaLink returns dbURL with its host and port replaced by the link's.
@@ -82,15 +97,9 @@ func runService(t *testing.T, cfg idem.Config, h ledgerHandler) (stop func()) {
 // orphaned session within the handler timeout and a margin, and B applies
 // e1 once.
 func TestAnOrphanedSessionNeverWedgesAHealthyConsumer(t *testing.T) {
-	db, dbURL := testenv.Schema(t, testenv.Effects)
+	db, dbURL, link := linkedSchema(t)
 	amqpURL := testenv.AMQPURL()
 	queue := testenv.Queue(t, amqpURL)
-	faults := sandbox.StartFaults()
-	t.Cleanup(faults.Close)
-	pg, err := url.Parse(dbURL)
-	require.NoError(t, err)
-	link, err := faults.Link("postgres", pg.Host)
-	require.NoError(t, err)
 
 	inside := make(chan struct{})
 	var stalled atomic.Bool
@@ -152,15 +161,9 @@ func publishIDs(t *testing.T, amqpURL, queue string, ids ...string) {
 // within StoreHold of its arrival (and a margin), while A's link is still
 // silent; and A takes no more until its store answers.
 func TestAConsumerCutOffFromItsStoreHandsBackWhatItHolds(t *testing.T) {
-	db, dbURL := testenv.Schema(t, testenv.Effects)
+	db, dbURL, link := linkedSchema(t)
 	amqpURL := testenv.AMQPURL()
 	queue := testenv.Queue(t, amqpURL)
-	faults := sandbox.StartFaults()
-	t.Cleanup(faults.Close)
-	pg, err := url.Parse(dbURL)
-	require.NoError(t, err)
-	link, err := faults.Link("postgres", pg.Host)
-	require.NoError(t, err)
 
 	const storeHold = 3 * time.Second
 	cons := consumer.Config{URL: amqpURL, Queue: queue, HandlerTimeout: time.Second, StoreHold: storeHold,
