@@ -4,8 +4,9 @@
 // applied exactly once and nothing was left behind. It is `idem-lab chaos`.
 //
 // A run owns everything it breaks: a redis-server and a PostgreSQL cluster
-// started for it on free ports, a queue of its own on the shared broker, and
-// consumer connections named after the run, so that closing "their"
+// started for it on free ports, a queue of its own on the shared broker,
+// consumer connections named after the run, and the links (fault proxies)
+// every consumer reaches each service through, so that breaking "their"
 // connections touches no one else's.
 package chaos
 
@@ -15,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -95,16 +97,16 @@ func (o *Options) validate() error {
 	if slices.Contains(o.Faults, RabbitKill) && !o.Cluster {
 		return fmt.Errorf("chaos: the %s fault needs --cluster", RabbitKill)
 	}
+	for _, k := range SingleNodeOnly {
+		if slices.Contains(o.Faults, k) && o.Cluster {
+			return fmt.Errorf("chaos: the %s fault cannot hit a Redis Cluster: its clients reach the nodes directly; leave it out of a --cluster run", k)
+		}
+	}
 	if o.Partitions > 1 && !o.Cluster {
 		return fmt.Errorf("chaos: --partitions needs --cluster")
 	}
 	if o.Cluster && o.Partitions == 0 {
 		o.Partitions = 4
-	}
-	if slices.Contains(o.Faults, AMQPClose) {
-		if _, err := exec.LookPath("rabbitmqctl"); err != nil {
-			return fmt.Errorf("chaos: the %s fault needs rabbitmqctl on this machine; leave it out with --faults", AMQPClose)
-		}
 	}
 	if o.Progress == nil {
 		o.Progress = io.Discard
@@ -134,9 +136,11 @@ type run struct {
 	rcluster  *sandbox.RedisCluster // a cluster run's Redis
 	rabbit    *sandbox.RabbitCluster
 	pubNode   *sandbox.RabbitNode // the node the publisher uses: never stopped
-	amqpURL   string              // the consumers' AMQP_URL
-	cuts      []*sandbox.AMQPCut  // relay-cut: a proxy in front of each node, on the consumers' way to it
+	amqpURL   string              // the broker: one URL per node, comma-separated
+	cuts      []*sandbox.AMQPCut  // relay-cut, amqp-close: a proxy in front of each node, on the consumers' way to it
 	relayCuts int                 // relay-cut faults so far: they alternate between a publish and a confirm
+	proxy     *sandbox.Faults     // the toxiproxy server the links run on
+	links     []*links            // each consumer slot's: the payments fleet's, then the receipts fleet's
 	pgs       []*sandbox.Postgres // the shards (one without --cluster)
 	pools     []*pgxpool.Pool
 	restarts  int // pg-restart faults so far: they take the shards in turn
@@ -195,7 +199,7 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 		// The receipts fleet first: it declares the receipts stream.
 		ho := o
 		ho.Consumers = r.hopSize()
-		hop, err := startConsumers(ho, "chaos-"+r.id+"-r", r.receiptsEnv(), r.t0)
+		hop, err := startConsumers(ho, "chaos-"+r.id+"-r", r.receiptsEnv, r.t0)
 		if hop != nil {
 			r.cleanups = append(r.cleanups, hop.KillAll)
 		}
@@ -204,7 +208,7 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 		}
 		r.hop = hop
 	}
-	fl, err := startConsumers(o, "chaos-"+r.id+"-c", r.paymentsEnv(), r.t0)
+	fl, err := startConsumers(o, "chaos-"+r.id+"-c", r.paymentsEnv, r.t0)
 	if fl != nil {
 		r.cleanups = append(r.cleanups, fl.KillAll)
 	}
@@ -223,8 +227,8 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 		"--users", fmt.Sprint(o.Users), "--dup-ratio", fmt.Sprint(o.DupRatio), "--delay-window", "2000",
 		"--rate", fmt.Sprint(o.Rate), "--seed", fmt.Sprint(o.Seed), "--run", r.id, "--manifest", manifest)
 	// The consumers' settings (their database records the partition count
-	// the publisher checks), on the publisher's node.
-	pub.Env = append(append(os.Environ(), r.consumerEnv()...), "AMQP_URL="+r.publishURL())
+	// the publisher checks), directly, on the publisher's node.
+	pub.Env = append(append(os.Environ(), r.consumerEnv(r.direct())...), "AMQP_URL="+r.publishURL())
 	pubLog, err := os.Create(filepath.Join(o.Dir, "publish.log"))
 	if err != nil {
 		return nil, err
@@ -303,7 +307,8 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 }
 
 // startServices starts the run's Redis and Postgres (and, for a cluster
-// run, its RabbitMQ cluster) and registers their removal, and the queue's.
+// run, its RabbitMQ cluster) and the links to them, and registers their
+// removal, and the queue's.
 func (r *run) startServices(ctx context.Context) error {
 	rdir := filepath.Join(r.o.Dir, "redis")
 	if err := os.MkdirAll(rdir, 0o755); err != nil {
@@ -366,35 +371,180 @@ func (r *run) startServices(ctx context.Context) error {
 		}
 		r.cleanups = append(r.cleanups, r.api.close)
 	}
-	if slices.Contains(r.o.Faults, RelayCut) {
+	if slices.Contains(r.o.Faults, RelayCut) || slices.Contains(r.o.Faults, AMQPClose) {
 		if err := r.startCuts(); err != nil {
 			return err
 		}
+	}
+	if err := r.startLinks(); err != nil {
+		return err
 	}
 	r.inspect = sandbox.NewInspector(r.publishURL())
 	r.cleanups = append(r.cleanups, r.inspect.Close)
 	return nil
 }
 
-// startCuts puts an AMQPCut in front of each broker node and points the
-// consumers (and the relays they run) at them, for relay-cut.
+// startCuts puts an AMQPCut in front of each broker node, on the
+// consumers' way to it (their links lead to it), for relay-cut and
+// amqp-close.
 func (r *run) startCuts() error {
-	var urls []string
 	for _, u := range broker.SplitURLs(r.amqpURL) {
-		uri, err := amqp.ParseURI(u)
+		addr, err := amqpAddr(u)
 		if err != nil {
-			return fmt.Errorf("chaos: relay-cut: %w", err)
+			return err
 		}
-		cut, err := sandbox.StartAMQPCut(net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port)))
+		cut, err := sandbox.StartAMQPCut(addr)
 		if err != nil {
 			return err
 		}
 		r.cleanups = append(r.cleanups, cut.Close)
 		r.cuts = append(r.cuts, cut)
-		urls = append(urls, cut.URL(u))
 	}
-	r.amqpURL = strings.Join(urls, ",")
 	return nil
+}
+
+// links are one consumer slot's ways to the run's services, each a fault
+// link of its own, so that a fault can cut one consumer off or all of them.
+type links struct {
+	at    endpoints       // the services, through the links
+	pg    []*sandbox.Link // one per shard
+	redis *sandbox.Link   // nil in a --cluster run
+	amqp  []*sandbox.Link // one per broker node, to its AMQPCut if it has one
+	api   *sandbox.Link   // the second hop's API; nil without it
+}
+
+// endpoints are the URLs a process reaches the run's services at.
+type endpoints struct {
+	pg    []string // one per shard, with the run's application_name
+	redis string
+	amqp  string // one URL per broker node, comma-separated
+	api   string // the second hop's API
+}
+
+// direct is where the services are: the publisher's way to them (and the
+// links' upstreams).
+func (r *run) direct() endpoints {
+	var e endpoints
+	for _, pg := range r.pgs {
+		e.pg = append(e.pg, sandbox.WithParam(pg.URL(), "application_name", r.appName))
+	}
+	if r.rcluster != nil {
+		e.redis = r.rcluster.URL()
+	} else {
+		e.redis = r.redis.URL()
+	}
+	e.amqp = r.amqpURL
+	if r.api != nil {
+		e.api = r.api.url
+	}
+	return e
+}
+
+// startLinks gives every consumer slot (the payments fleet's and the
+// receipts fleet's) its links: to each Postgres shard, to Redis, to each
+// broker node (through its AMQPCut, if any) and to the API. Everything the
+// fleet dials goes through them: consume, dead-letter and relay
+// connections, sessions, Redis clients, relays' POSTs. A --cluster run's
+// Redis stays direct: a Redis Cluster client dials the nodes at the
+// addresses they announce (CLUSTER SLOTS, MOVED), not the one it was
+// given, so a link would carry its first call only.
+func (r *run) startLinks() error {
+	r.proxy = sandbox.StartFaults()
+	r.cleanups = append(r.cleanups, r.proxy.Close)
+	direct := r.direct()
+	slots := r.o.Consumers
+	if r.o.TwoHop {
+		slots += r.hopSize()
+	}
+	for slot := range slots {
+		l := &links{}
+		link := func(name, rawURL, upstream string) (*sandbox.Link, string, error) {
+			if upstream == "" {
+				var err error
+				if upstream, err = hostPort(rawURL); err != nil {
+					return nil, "", fmt.Errorf("chaos: link to %s: %w", name, err)
+				}
+			}
+			k, err := r.proxy.Link(fmt.Sprintf("slot%d-%s", slot, name), upstream)
+			if err != nil {
+				return nil, "", err
+			}
+			u, err := withHost(rawURL, k.Addr())
+			return k, u, err
+		}
+		for i, u := range direct.pg {
+			k, via, err := link(fmt.Sprintf("pg%d", i), u, "")
+			if err != nil {
+				return err
+			}
+			l.pg, l.at.pg = append(l.pg, k), append(l.at.pg, via)
+		}
+		l.at.redis = direct.redis
+		if r.rcluster == nil {
+			k, via, err := link("redis", direct.redis, "")
+			if err != nil {
+				return err
+			}
+			l.redis, l.at.redis = k, via
+		}
+		var amqpURLs []string
+		for i, u := range broker.SplitURLs(direct.amqp) {
+			upstream, err := amqpAddr(u)
+			if err != nil {
+				return err
+			}
+			if r.cuts != nil {
+				upstream = r.cuts[i].Addr()
+			}
+			k, via, err := link(fmt.Sprintf("amqp%d", i), u, upstream)
+			if err != nil {
+				return err
+			}
+			l.amqp, amqpURLs = append(l.amqp, k), append(amqpURLs, via)
+		}
+		l.at.amqp = strings.Join(amqpURLs, ",")
+		if direct.api != "" {
+			k, via, err := link("api", direct.api, "")
+			if err != nil {
+				return err
+			}
+			l.api, l.at.api = k, via
+		}
+		r.links = append(r.links, l)
+	}
+	return nil
+}
+
+// hostPort is the host:port a URL names.
+func hostPort(rawURL string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", err
+	}
+	if u.Port() == "" {
+		return "", fmt.Errorf("%s names no port", u.Redacted())
+	}
+	return u.Host, nil
+}
+
+// amqpAddr is the host:port an AMQP URL names (5672 or 5671 if it names
+// none).
+func amqpAddr(rawURL string) (string, error) {
+	uri, err := amqp.ParseURI(rawURL)
+	if err != nil {
+		return "", fmt.Errorf("chaos: AMQP_URL: %w", err)
+	}
+	return net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port)), nil
+}
+
+// withHost is rawURL with its host:port replaced by addr.
+func withHost(rawURL, addr string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", err
+	}
+	u.Host = addr
+	return u.String(), nil
 }
 
 // publishURL is where the publisher and the queue inspector connect: the
@@ -406,24 +556,21 @@ func (r *run) publishURL() string {
 	return r.o.AMQPURL
 }
 
-func (r *run) consumerEnv() []string {
-	var dbs []string
-	for _, pg := range r.pgs {
-		dbs = append(dbs, sandbox.WithParam(pg.URL(), "application_name", r.appName))
-	}
+// consumerEnv is the env of a consumer that reaches the services at e.
+func (r *run) consumerEnv(e endpoints) []string {
 	env := []string{
-		"DATABASE_URL=" + dbs[0],
-		"AMQP_URL=" + r.amqpURL,
+		"DATABASE_URL=" + e.pg[0],
+		"AMQP_URL=" + e.amqp,
+		"REDIS_URL=" + e.redis,
 		"IDEM_QUEUE=" + r.queue,
 		fmt.Sprintf("IDEM_PARTITIONS=%d", max(1, r.o.Partitions)), // as the publisher's
 	}
 	if !r.o.Cluster {
-		return append(env, "REDIS_URL="+r.redis.URL())
+		return env
 	}
 	return append(env,
-		"REDIS_URL="+r.rcluster.URL(),
 		"IDEM_REDIS_MODE=cluster",
-		"IDEM_POSTGRES_SHARDS="+strings.Join(dbs, " "),
+		"IDEM_POSTGRES_SHARDS="+strings.Join(e.pg, " "),
 	)
 }
 

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -137,51 +138,59 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 		}
 		return fmt.Sprintf("%s stopped (immediate), down for %s", what, p.For), r.pgs[k].Start()
 	case AMQPClose:
-		node := ""
-		if r.rabbit != nil {
-			node = r.pubNode.Name
-		}
 		// The consume connections and the relays': losing one ends a
 		// consumer's session, or a relay's pass mid-confirm. A session
 		// ends on the loss of either of its connections, so its
-		// publishing connection is left alone.
+		// publishing connection is left alone. The proxy in front of the
+		// broker closes both sockets: the consumer sees its connection
+		// lost, the broker requeues what it had delivered on it.
 		consuming := func(name string) bool {
 			ours := strings.HasPrefix(name, r.fleet.prefix) || (r.hop != nil && strings.HasPrefix(name, r.hop.prefix))
 			return ours && !strings.HasSuffix(name, broker.PublishingConnectionSuffix)
 		}
-		n, err := sandbox.CloseConnectionsWhere(node, consuming, "idem-lab chaos: amqp-close fault")
-		if err == nil && n == 0 {
-			err = fmt.Errorf("no consumer connection named %s* to close", r.fleet.prefix)
+		n := 0
+		for _, cut := range r.cuts {
+			n += cut.DropWhere(consuming)
 		}
-		return fmt.Sprintf("%d consumer and relay connections closed", n), err
+		if n == 0 {
+			return "", fmt.Errorf("no consumer connection named %s* to close", r.fleet.prefix)
+		}
+		return fmt.Sprintf("%d consumer and relay connections closed at the proxy", n), nil
+	case PGBlackhole, PGReset, PGLatency, RedisBlackhole, RedisReset, RedisLatency, AMQPBlackhole, AMQPReset, APIBlackhole:
+		return r.linkFault(ctx, p)
 	case RelayCut:
 		// Publishes and confirms through the proxies are the relays' and
 		// the dead letters' (acks of deliveries travel the other way).
-		c := sandbox.Cut{Dir: sandbox.ToServer, Method: sandbox.BasicPublish, After: 1 + r.relayCuts%7}
-		where := fmt.Sprintf("at its basic.publish #%d", c.After+1)
+		c := sandbox.Cut{Dir: sandbox.ToServer, Method: sandbox.BasicPublish, Next: true}
+		where := "at its next basic.publish"
 		if r.relayCuts%2 == 1 {
-			c = sandbox.Cut{Dir: sandbox.ToClient, Method: sandbox.BasicAck, After: r.relayCuts % 5}
-			where = fmt.Sprintf("before its confirm #%d", c.After+1)
+			c = sandbox.Cut{Dir: sandbox.ToClient, Method: sandbox.BasicAck, Next: true}
+			where = "before its next confirm"
 		}
 		r.relayCuts++
-		before := 0
+		fired := func() (n int) {
+			for _, cut := range r.cuts {
+				n += cut.Fired()
+			}
+			return n
+		}
+		before := fired()
 		for _, cut := range r.cuts {
-			before += cut.Fired()
 			cut.Arm(c)
 		}
-		deadline := time.Now().Add(p.For)
-		fired := 0
-		for ; fired == 0 && time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(50 * time.Millisecond) {
-			for _, cut := range r.cuts {
-				fired += cut.Fired()
-			}
-			fired -= before
+		// Armed for p.For, and longer if no relay publishes meanwhile: a
+		// fault on the infrastructure track (Postgres restarted or
+		// blackholed, the broker links blackholed) can stop every relay
+		// for seconds, and the fleet takes a moment to come back.
+		deadline := time.Now().Add(p.For + relayCutGrace)
+		for fired() == before && time.Now().Before(deadline) && ctx.Err() == nil {
+			time.Sleep(50 * time.Millisecond)
 		}
 		for _, cut := range r.cuts {
 			cut.Disarm()
 		}
-		if fired == 0 {
-			return "", fmt.Errorf("no connection reached the cut %s within %s", where, p.For)
+		if fired() == before {
+			return "", fmt.Errorf("no connection reached the cut %s within %s", where, p.For+relayCutGrace)
 		}
 		return fmt.Sprintf("a broker connection cut %s", where), nil
 	case RabbitKill:
@@ -191,6 +200,102 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 		return fmt.Sprintf("rabbitmq node %s killed, down for %s", node.Name, p.For), node.Start(2 * time.Minute)
 	}
 	return "", fmt.Errorf("unknown fault kind %q", p.Kind)
+}
+
+// relayCutGrace is how much longer than planned a relay-cut stays armed
+// when no relay reaches its cut.
+const relayCutGrace = 10 * time.Second
+
+// linkFault puts p's toxic on the links of p's service, one consumer's or
+// every consumer's, for p.For, then heals them.
+func (r *run) linkFault(ctx context.Context, p Planned) (string, error) {
+	var what string
+	var pick func(*links) []*sandbox.Link
+	switch p.Kind {
+	case PGBlackhole, PGReset, PGLatency:
+		what, pick = "postgres", func(l *links) []*sandbox.Link { return l.pg }
+	case RedisBlackhole, RedisReset, RedisLatency:
+		what, pick = "redis", func(l *links) []*sandbox.Link {
+			if l.redis == nil {
+				return nil
+			}
+			return []*sandbox.Link{l.redis}
+		}
+	case AMQPBlackhole, AMQPReset:
+		what, pick = "broker", func(l *links) []*sandbox.Link { return l.amqp }
+	case APIBlackhole:
+		what, pick = "API", func(l *links) []*sandbox.Link {
+			if l.api == nil {
+				return nil
+			}
+			return []*sandbox.Link{l.api}
+		}
+	}
+	slots, whose := r.linkSlots(p)
+	var targets []*sandbox.Link
+	for _, s := range slots {
+		targets = append(targets, pick(r.links[s])...)
+	}
+	if len(targets) == 0 {
+		return "", fmt.Errorf("no %s link to break", what)
+	}
+	var detail string
+	var jitter time.Duration
+	switch p.Kind {
+	case PGBlackhole, RedisBlackhole, AMQPBlackhole, APIBlackhole:
+		detail = fmt.Sprintf("%s links of %s silent (nothing forwarded, nothing closed) for %s, then closed", what, whose, p.For)
+	case PGReset, RedisReset, AMQPReset:
+		detail = fmt.Sprintf("%s links of %s closing each connection as data flowed, for %s", what, whose, p.For)
+	case PGLatency, RedisLatency:
+		jitter = (p.Lag / 3).Round(time.Millisecond)
+		detail = fmt.Sprintf("%s links of %s %s (± %s) late each way for %s", what, whose, p.Lag.Round(time.Millisecond), jitter, p.For)
+	}
+	var err error
+	for _, l := range targets {
+		switch p.Kind {
+		case PGBlackhole, RedisBlackhole, AMQPBlackhole, APIBlackhole:
+			err = l.Blackhole()
+		case PGReset, RedisReset, AMQPReset:
+			err = l.Reset()
+		case PGLatency, RedisLatency:
+			err = l.Latency(p.Lag, jitter)
+		}
+		if err != nil {
+			break
+		}
+	}
+	if err == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(p.For):
+		}
+	}
+	for _, l := range targets {
+		err = errors.Join(err, l.Heal())
+	}
+	return detail, err
+}
+
+// linkSlots are the slots (indexes of r.links) a link fault hits, and who
+// they are: every consumer, or the one in p.Slot (an API fault's, a
+// receipts consumer: only they POST to the API).
+func (r *run) linkSlots(p Planned) ([]int, string) {
+	if p.All {
+		all := make([]int, len(r.links))
+		for i := range all {
+			all[i] = i
+		}
+		return all, "every consumer"
+	}
+	if p.Kind == APIBlackhole && r.hop != nil {
+		s := p.Slot % r.hop.size
+		return []int{r.o.Consumers + s}, fmt.Sprintf("%s%d", r.hop.prefix, s)
+	}
+	fl, s := r.slot(p.Slot % len(r.links))
+	if fl == r.hop {
+		return []int{r.o.Consumers + s}, fmt.Sprintf("%s%d", fl.prefix, s)
+	}
+	return []int{s}, fmt.Sprintf("%s%d", fl.prefix, s)
 }
 
 // slot maps a planned slot to its fleet: the payments consumers first, then

@@ -32,7 +32,8 @@ type CrashRecord struct {
 	At       float64 `json:"at"` // seconds from the start
 }
 
-func startConsumers(o Options, prefix string, env []string, t0 time.Time) (*consumers, error) {
+// startConsumers starts o.Consumers consumers; env gives a slot's env.
+func startConsumers(o Options, prefix string, env func(slot int) []string, t0 time.Time) (*consumers, error) {
 	c := &consumers{prefix: prefix, t0: t0, size: o.Consumers, armed: map[int]string{}}
 	var args []string
 	if o.ConfigPath != "" {
@@ -41,7 +42,7 @@ func startConsumers(o Options, prefix string, env []string, t0 time.Time) (*cons
 	g, err := fleet.StartGroup(fleet.GroupConfig{
 		Size: o.Consumers,
 		Spec: func(slot, gen int) fleet.Spec {
-			return fleet.Spec{Bin: o.Bin, Name: fmt.Sprintf("%s%d-%d", prefix, slot, gen), Dir: o.Dir, Env: env, Args: args}
+			return fleet.Spec{Bin: o.Bin, Name: fmt.Sprintf("%s%d-%d", prefix, slot, gen), Dir: o.Dir, Env: env(slot), Args: args}
 		},
 		RestartDelay: 300 * time.Millisecond,
 		OnExit: func(p *fleet.Proc, armed bool) bool {

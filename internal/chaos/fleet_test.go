@@ -16,7 +16,7 @@ func TestArmedConsumersAreNotReplacedBeforeTheyFire(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "consumer")
 	require.NoError(t, os.WriteFile(bin, []byte("#!/bin/sh\nexec sleep 60\n"), 0o755))
-	c, err := startConsumers(Options{Bin: bin, Consumers: 3, Dir: dir}, "t-c", nil, time.Now())
+	c, err := startConsumers(Options{Bin: bin, Consumers: 3, Dir: dir}, "t-c", func(int) []string { return nil }, time.Now())
 	require.NoError(t, err)
 	t.Cleanup(c.KillAll)
 

@@ -117,13 +117,14 @@ func (r *run) receiptsTopology() broker.Topology {
 	return t
 }
 
-// hopEnv is what the two-hop run adds to the payments consumers' env.
-func (r *run) hopEnv() []string {
+// hopEnv is what the two-hop run adds to the env of a consumer that
+// reaches the services at e.
+func (r *run) hopEnv(e endpoints) []string {
 	t := r.receiptsTopology()
 	return []string{
 		"IDEM_OUTBOX_EMIT=receipts",
 		"IDEM_OUTBOX_RELAY=true",
-		fmt.Sprintf("IDEM_OUTBOX_DESTINATIONS=receipts=queue:%s/%d mailer=%s", t.Queue, t.Partitions, r.api.url),
+		fmt.Sprintf("IDEM_OUTBOX_DESTINATIONS=receipts=queue:%s/%d mailer=%s", t.Queue, t.Partitions, e.api),
 		"IDEM_OUTBOX_POLL_INTERVAL=200ms",
 		"IDEM_OUTBOX_BACKOFF_MIN=100ms",
 		"IDEM_OUTBOX_BACKOFF_MAX=2s",
@@ -135,17 +136,21 @@ func (r *run) hopEnv() []string {
 // hopSize is the receipts fleet's size.
 func (r *run) hopSize() int { return max(1, r.o.Consumers/2) }
 
-// paymentsEnv is the payments consumers' env.
-func (r *run) paymentsEnv() []string {
+// paymentsEnv is the env of the payments consumer in slot: through the
+// slot's links.
+func (r *run) paymentsEnv(slot int) []string {
+	e := r.links[slot].at
 	if !r.o.TwoHop {
-		return r.consumerEnv()
+		return r.consumerEnv(e)
 	}
-	return append(r.consumerEnv(), r.hopEnv()...)
+	return append(r.consumerEnv(e), r.hopEnv(e)...)
 }
 
-// receiptsEnv is the receipts consumers' env.
-func (r *run) receiptsEnv() []string {
-	return append(append(r.consumerEnv(), r.hopEnv()...),
+// receiptsEnv is the env of the receipts consumer in slot: through the
+// links of the run's slot o.Consumers+slot.
+func (r *run) receiptsEnv(slot int) []string {
+	e := r.links[r.o.Consumers+slot].at
+	return append(append(r.consumerEnv(e), r.hopEnv(e)...),
 		"IDEM_HANDLER=receipts",
 		"IDEM_SCOPE="+receiptsScope,
 		"IDEM_QUEUE="+r.receiptsTopology().Queue,

@@ -14,63 +14,99 @@ import (
 type Kind string
 
 // The fault kinds. Consumer faults hit the fleet's processes; the others hit
-// the run's own Redis and Postgres, or the consumers' broker connections.
+// the run's own Redis and Postgres, the consumers' broker connections, or
+// the links every consumer reaches its services through (the link kinds:
+// one consumer's link or every consumer's).
 const (
-	ConsumerKill Kind = "consumer-kill" // SIGKILL a random consumer; it is restarted
-	CrashPoint   Kind = "crash-point"   // restart a consumer armed to SIGKILL itself at a named step
-	RedisKill    Kind = "redis-kill"    // SIGKILL redis-server (every key lost), restart it later
-	RedisPause   Kind = "redis-pause"   // CLIENT PAUSE ALL: Redis stops answering for a while
-	RedisSlow    Kind = "redis-slow"    // DEBUG SLEEP in a loop: Redis answers late
-	RedisFlush   Kind = "redis-flush"   // FLUSHALL: every lease and done marker lost
-	RedisEvict   Kind = "redis-evict"   // tight maxmemory, allkeys-random: Redis evicts as it is written to
-	PGTerminate  Kind = "pg-terminate"  // pg_terminate_backend on every consumer session
-	PGRestart    Kind = "pg-restart"    // stop the run's Postgres in immediate mode, start it later
-	AMQPClose    Kind = "amqp-close"    // close the consumers' broker connections, by connection name
-	RabbitKill   Kind = "rabbit-kill"   // --cluster: SIGKILL the RabbitMQ node leading a partition queue, restart it later
-	HTTPFail     Kind = "http-fail"     // two hops: the API answers 503 for a while
-	HTTPSlow     Kind = "http-slow"     // two hops: the API answers after the relays gave up on it, for a while
-	RelayCut     Kind = "relay-cut"     // two hops: cut a relay's broker connection mid-pass, at a publish or before a confirm
+	ConsumerKill   Kind = "consumer-kill"   // SIGKILL a random consumer; it is restarted
+	CrashPoint     Kind = "crash-point"     // restart a consumer armed to SIGKILL itself at a named step
+	RedisKill      Kind = "redis-kill"      // SIGKILL redis-server (every key lost), restart it later
+	RedisPause     Kind = "redis-pause"     // CLIENT PAUSE ALL: Redis stops answering for a while
+	RedisSlow      Kind = "redis-slow"      // DEBUG SLEEP in a loop: Redis answers late
+	RedisFlush     Kind = "redis-flush"     // FLUSHALL: every lease and done marker lost
+	RedisEvict     Kind = "redis-evict"     // tight maxmemory, allkeys-random: Redis evicts as it is written to
+	PGTerminate    Kind = "pg-terminate"    // pg_terminate_backend on every consumer session
+	PGRestart      Kind = "pg-restart"      // stop the run's Postgres in immediate mode, start it later
+	AMQPClose      Kind = "amqp-close"      // close the consumers' consume and relay connections at the proxy
+	PGBlackhole    Kind = "pg-blackhole"    // Postgres links forward nothing, close nothing, for a while
+	PGReset        Kind = "pg-reset"        // Postgres links close every connection as data flows, briefly
+	PGLatency      Kind = "pg-latency"      // Postgres links delay every chunk, for a while
+	RedisBlackhole Kind = "redis-blackhole" // pg-blackhole on the Redis links (not with --cluster)
+	RedisReset     Kind = "redis-reset"     // pg-reset on the Redis links (not with --cluster)
+	RedisLatency   Kind = "redis-latency"   // pg-latency on the Redis links (not with --cluster)
+	AMQPBlackhole  Kind = "amqp-blackhole"  // broker links forward nothing, close nothing, for a while
+	AMQPReset      Kind = "amqp-reset"      // broker links close every connection as data flows, briefly
+	RabbitKill     Kind = "rabbit-kill"     // --cluster: SIGKILL the RabbitMQ node leading a partition queue, restart it later
+	HTTPFail       Kind = "http-fail"       // two hops: the API answers 503 for a while
+	HTTPSlow       Kind = "http-slow"       // two hops: the API answers after the relays gave up on it, for a while
+	RelayCut       Kind = "relay-cut"       // two hops: cut a relay's broker connection mid-pass, at a publish or before a confirm
+	APIBlackhole   Kind = "api-blackhole"   // two hops: the relays' links to the API forward nothing, for a while
 )
 
 // Describe says what each kind does, for --help.
 var Describe = map[Kind]string{
-	ConsumerKill: "SIGKILL a random consumer; a supervisor restarts it",
-	CrashPoint:   "restart a consumer armed to SIGKILL itself at a named step (all six in turn)",
-	RedisKill:    "SIGKILL the run's redis-server (every key lost), restart it seconds later",
-	RedisPause:   "CLIENT PAUSE ALL: Redis answers nothing for up to 3s",
-	RedisSlow:    "DEBUG SLEEP in a loop: Redis answers 20-200ms late for seconds",
-	RedisFlush:   "FLUSHALL: every lease and done marker lost",
-	RedisEvict:   "maxmemory 256kb above its use, allkeys-random: Redis evicts as it is written to",
-	PGTerminate:  "pg_terminate_backend on every consumer session",
-	PGRestart:    "stop the run's PostgreSQL in immediate mode, start it seconds later",
-	AMQPClose:    "close the consumers' broker connections, found by connection name",
-	RabbitKill:   "--cluster only: SIGKILL the RabbitMQ node that leads a partition queue, restart it seconds later",
-	HTTPFail:     "second hop: the API answers 503 for seconds",
-	HTTPSlow:     "second hop: the API acts on each request but answers only after the relay's timeout, for seconds",
-	RelayCut:     "second hop: cut a broker connection mid-pass, at a relay's basic.publish or before its confirm (the fleet reaches the broker through an AMQP-aware proxy)",
+	ConsumerKill:   "SIGKILL a random consumer; a supervisor restarts it",
+	CrashPoint:     "restart a consumer armed to SIGKILL itself at a named step (all six in turn)",
+	RedisKill:      "SIGKILL the run's redis-server (every key lost), restart it seconds later",
+	RedisPause:     "CLIENT PAUSE ALL: Redis answers nothing for up to 3s",
+	RedisSlow:      "DEBUG SLEEP in a loop: Redis answers 20-200ms late for seconds",
+	RedisFlush:     "FLUSHALL: every lease and done marker lost",
+	RedisEvict:     "maxmemory 256kb above its use, allkeys-random: Redis evicts as it is written to",
+	PGTerminate:    "pg_terminate_backend on every consumer session",
+	PGRestart:      "stop the run's PostgreSQL in immediate mode, start it seconds later",
+	AMQPClose:      "close the consumers' consume and relay connections at the proxy in front of the broker, found by connection name (their publishing connections are left alone)",
+	PGBlackhole:    "one consumer's links to PostgreSQL, or all, forward nothing and close nothing for seconds; healing closes the connections they silenced",
+	PGReset:        "one consumer's links to PostgreSQL, or all, close each connection as data flows on it, for 300ms",
+	PGLatency:      "one consumer's links to PostgreSQL, or all, delay every chunk 100-300ms (± a third) each way for seconds",
+	RedisBlackhole: "pg-blackhole on the links to Redis (not with --cluster: cluster clients reach the nodes at the addresses they announce)",
+	RedisReset:     "pg-reset on the links to Redis (not with --cluster)",
+	RedisLatency:   "pg-latency on the links to Redis (not with --cluster)",
+	AMQPBlackhole:  "pg-blackhole on the links to the broker: consume, publishing and relay connections",
+	AMQPReset:      "pg-reset on the links to the broker",
+	RabbitKill:     "--cluster only: SIGKILL the RabbitMQ node that leads a partition queue, restart it seconds later",
+	HTTPFail:       "second hop: the API answers 503 for seconds",
+	HTTPSlow:       "second hop: the API acts on each request but answers only after the relay's timeout, for seconds",
+	RelayCut:       "second hop: cut a broker connection mid-pass, at a relay's basic.publish or before its confirm (the fleet reaches the broker through an AMQP-aware proxy)",
+	APIBlackhole:   "second hop: pg-blackhole on one receipts consumer's link to the API, or all: its relay's POSTs hang until their timeout",
 }
 
 // Kinds lists every fault kind.
 var Kinds = []Kind{ConsumerKill, CrashPoint, RedisKill, RedisPause, RedisSlow, RedisFlush,
-	RedisEvict, PGTerminate, PGRestart, AMQPClose, RabbitKill, HTTPFail, HTTPSlow, RelayCut}
+	RedisEvict, PGTerminate, PGRestart, AMQPClose, PGBlackhole, PGReset, PGLatency,
+	RedisBlackhole, RedisReset, RedisLatency, AMQPBlackhole, AMQPReset,
+	RabbitKill, HTTPFail, HTTPSlow, RelayCut, APIBlackhole}
 
 // TwoHopOnly are the kinds that need the second hop: "all" leaves them out
 // of a run without it.
-var TwoHopOnly = []Kind{HTTPFail, HTTPSlow, RelayCut}
+var TwoHopOnly = []Kind{HTTPFail, HTTPSlow, RelayCut, APIBlackhole}
 
 // ClusterOnly are the kinds that need --cluster: "all" leaves them out of a
 // run on one node.
 var ClusterOnly = []Kind{RabbitKill}
 
+// SingleNodeOnly are the kinds a --cluster run cannot inject: "all" leaves
+// them out of it. Its Redis stays direct (see startLinks).
+var SingleNodeOnly = []Kind{RedisBlackhole, RedisReset, RedisLatency}
+
 func (k Kind) consumerFault() bool { return k == ConsumerKill || k == CrashPoint }
 
+// linkFault reports whether k is a toxic on the consumers' links.
+func (k Kind) linkFault() bool {
+	switch k {
+	case PGBlackhole, PGReset, PGLatency, RedisBlackhole, RedisReset, RedisLatency, AMQPBlackhole, AMQPReset, APIBlackhole:
+		return true
+	}
+	return false
+}
+
 // ParseKinds parses a comma-separated list of kinds; "all" is every kind
-// (but the ClusterOnly ones unless cluster is set, and the TwoHopOnly ones
-// unless twoHop is).
+// (but the ClusterOnly ones unless cluster is set, the SingleNodeOnly ones
+// if it is, and the TwoHopOnly ones unless twoHop is).
 func ParseKinds(s string, cluster, twoHop bool) ([]Kind, error) {
 	if s == "" || s == "all" {
 		return slices.DeleteFunc(slices.Clone(Kinds), func(k Kind) bool {
-			return (!cluster && slices.Contains(ClusterOnly, k)) || (!twoHop && slices.Contains(TwoHopOnly, k))
+			return (!cluster && slices.Contains(ClusterOnly, k)) || (cluster && slices.Contains(SingleNodeOnly, k)) ||
+				(!twoHop && slices.Contains(TwoHopOnly, k))
 		}), nil
 	}
 	var out []Kind
@@ -97,14 +133,22 @@ func kindList() string {
 // Planned is one fault of the schedule.
 type Planned struct {
 	Kind Kind          `json:"kind"`
-	At   time.Duration `json:"at"`             // from the start of publishing
-	For  time.Duration `json:"for,omitempty"`  // how long the fault lasts (0: instant)
-	Slot int           `json:"slot,omitempty"` // consumer faults: which consumer
-	Step string        `json:"step,omitempty"` // crash-point: where it dies
+	At   time.Duration `json:"at"`            // from the start of publishing
+	For  time.Duration `json:"for,omitempty"` // how long the fault lasts (0: instant)
+	// Slot is the consumer a consumer fault hits, or whose links a link
+	// fault hits unless All.
+	Slot int    `json:"slot,omitempty"`
+	All  bool   `json:"all,omitempty"`  // link faults: every consumer's links
+	Step string `json:"step,omitempty"` // crash-point: where it dies
 	// After is how many passes of Step the armed consumer makes before it dies.
-	After int           `json:"after,omitempty"`
-	Lag   time.Duration `json:"lag,omitempty"` // redis-slow: how late Redis answers
+	After int `json:"after,omitempty"`
+	// Lag is how late redis-slow's Redis answers, or how late a latency
+	// fault's links forward each chunk.
+	Lag time.Duration `json:"lag,omitempty"`
 }
+
+// resetFor is how long a reset kind's toxic stays on.
+const resetFor = 300 * time.Millisecond
 
 // Plan draws the fault schedule of a run from its seed: three tracks over
 // the first 85% of the publishing time. The consumer track kills consumers
@@ -112,11 +156,18 @@ type Planned struct {
 // steps. The infrastructure track runs one fault at a time, every enabled
 // kind once per round in a shuffled order, for as many rounds as fit (at
 // least one). The API track (second hop) takes its kinds in turn, about one
-// every 15 seconds.
+// every 15 seconds. A link fault hits one consumer's links or, as often,
+// every consumer's.
 func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []string) []Planned {
 	allSteps := steps
 	rng := rand.New(rand.NewPCG(seed, 0xc4a05))
 	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo)+1)) }
+	target := func(p *Planned) {
+		if p.Kind.linkFault() {
+			p.Slot = rng.IntN(consumers)
+			p.All = rng.IntN(2) == 0
+		}
+	}
 	var plan []Planned
 	start, end := d/10, d*85/100
 
@@ -188,6 +239,7 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []str
 		for i := range n {
 			p := Planned{Kind: api[i%len(api)], At: start + time.Duration(i)*gap + between(0, gap/3)}
 			p.For = between(2*time.Second, min(5*time.Second, gap/2))
+			target(&p)
 			plan = append(plan, p)
 		}
 	}
@@ -203,9 +255,8 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []str
 	// that wait on a slow outside command go last in their round, so that
 	// their delay does not push the round's timed faults (the Redis ones
 	// that must open a breaker) past the stream: a killed RabbitMQ node
-	// takes twenty seconds or so to boot again, and amqp-close's
-	// two rabbitmqctl runs take ten seconds each on two busy cores.
-	slow := []Kind{AMQPClose, RabbitKill}
+	// takes twenty seconds or so to boot again.
+	slow := []Kind{RabbitKill}
 	at := start
 	for round := 0; len(infra) > 0 && (round == 0 || at < end); round++ {
 		order := slices.Clone(infra)
@@ -226,7 +277,15 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []str
 			case RedisSlow:
 				p.For = between(2*time.Second, 5*time.Second)
 				p.Lag = between(20*time.Millisecond, 200*time.Millisecond)
+			case PGBlackhole, RedisBlackhole, AMQPBlackhole:
+				p.For = between(2*time.Second, 5*time.Second)
+			case PGLatency, RedisLatency:
+				p.For = between(2*time.Second, 5*time.Second)
+				p.Lag = between(100*time.Millisecond, 300*time.Millisecond)
+			case PGReset, RedisReset, AMQPReset:
+				p.For = resetFor
 			}
+			target(&p)
 			faults = append(faults, p)
 		}
 		gaps := make([]time.Duration, len(faults))
@@ -251,21 +310,27 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []str
 	return plan
 }
 
-// fitRound shortens a round's fault durations and the gaps after them in
-// proportion, so that the round takes no more than room; a fault keeps at
-// least a second (or what it drew, if less), a gap half a second.
+// fitRound shortens a round's fault durations and the gaps after them, so
+// that the round takes no more than room: each keeps a floor (a fault a
+// second, or what it drew if less; a gap half a second, or what it drew if
+// less), and what is above the floors shrinks in proportion. If the floors
+// alone take more than room, everything is at its floor.
 func fitRound(faults []Planned, gaps []time.Duration, room time.Duration) {
-	var total time.Duration
+	var total, floors time.Duration
 	for i, p := range faults {
 		total += p.For + gaps[i]
+		floors += min(p.For, time.Second) + min(gaps[i], 500*time.Millisecond)
 	}
-	if total <= room {
+	if total <= room || total == floors {
 		return
 	}
+	above, keep := total-floors, max(0, room-floors)
+	shrink := func(d, floor time.Duration) time.Duration {
+		floor = min(d, floor)
+		return floor + time.Duration(float64(d-floor)*float64(keep)/float64(above))
+	}
 	for i := range faults {
-		if faults[i].For > 0 {
-			faults[i].For = max(min(faults[i].For, time.Second), faults[i].For*room/total)
-		}
-		gaps[i] = max(500*time.Millisecond, gaps[i]*room/total)
+		faults[i].For = shrink(faults[i].For, time.Second)
+		gaps[i] = shrink(gaps[i], 500*time.Millisecond)
 	}
 }

@@ -52,11 +52,12 @@ func TestPlanOnlyTheKindsAsked(t *testing.T) {
 	require.Greater(t, n[ConsumerKill], 10)
 }
 
-// TestSlowFaultsEndEachRound: rabbit-kill and amqp-close, which wait on
-// slow outside commands, come after the other infrastructure faults of
-// their round, whatever the seed.
+// TestSlowFaultsEndEachRound: rabbit-kill, which waits on a node's slow
+// boot, comes after the other infrastructure faults of its round, whatever
+// the seed. (amqp-close, done by a proxy in milliseconds, no longer does.)
 func TestSlowFaultsEndEachRound(t *testing.T) {
 	kinds := []Kind{RedisKill, AMQPClose, PGRestart, PGTerminate, RabbitKill, ConsumerKill}
+	amqpCloseLast := 0
 	for seed := range uint64(50) {
 		var infra []Kind
 		for _, p := range Plan(seed, 40*time.Second, 3, kinds, crashpoint.Steps) {
@@ -64,57 +65,166 @@ func TestSlowFaultsEndEachRound(t *testing.T) {
 				infra = append(infra, p.Kind)
 			}
 		}
-		require.Equal(t, []Kind{AMQPClose, RabbitKill}, infra[3:5], "seed %d: %v", seed, infra)
+		require.Equal(t, RabbitKill, infra[4], "seed %d: %v", seed, infra)
+		if infra[3] == AMQPClose {
+			amqpCloseLast++
+		}
 	}
+	require.Less(t, amqpCloseLast, 50, "amqp-close is shuffled with the others")
 }
 
 // TestFirstRoundFitsInTheStream: every timed fault of the first round ends
 // while events still flow (before 85% of the stream), whatever the seed;
 // a Redis kill drawn last once came after the stream, and no breaker
-// opened.
+// opened. TestChaosCI's 40 seconds must hold every infrastructure kind.
 func TestFirstRoundFitsInTheStream(t *testing.T) {
+	kinds, err := ParseKinds("all", false, true)
+	require.NoError(t, err)
+	var infra []Kind
+	for _, k := range kinds {
+		if !k.consumerFault() && !slices.Contains(TwoHopOnly, k) {
+			infra = append(infra, k)
+		}
+	}
+	require.Len(t, infra, 16)
+	d := 40 * time.Second
+	for seed := range uint64(500) {
+		seen := map[Kind]bool{}
+		for _, p := range Plan(seed, d, 6, kinds, crashpoint.Steps) {
+			if p.Kind.consumerFault() || slices.Contains(TwoHopOnly, p.Kind) || seen[p.Kind] {
+				continue
+			}
+			seen[p.Kind] = true
+			require.GreaterOrEqual(t, p.At, d/10, "seed %d: %s before the stream", seed, p.Kind)
+			require.LessOrEqual(t, p.At+p.For, d*85/100, "seed %d: %s ends after the stream", seed, p.Kind)
+			if p.For > 0 {
+				floor := time.Second
+				switch p.Kind {
+				case RedisPause:
+					floor = 500 * time.Millisecond
+				case PGReset, RedisReset, AMQPReset:
+					floor = resetFor
+				}
+				require.GreaterOrEqual(t, p.For, floor, "seed %d: %s", seed, p.Kind)
+			}
+		}
+		require.Len(t, seen, len(infra), "seed %d: every infrastructure kind once in the first round", seed)
+	}
+}
+
+// TestAPITrackHoldsEveryKind: in TestChaosCI's 40 seconds the API track
+// injects each of its kinds, api-blackhole included, whatever the seed.
+func TestAPITrackHoldsEveryKind(t *testing.T) {
 	kinds, err := ParseKinds("all", false, true)
 	require.NoError(t, err)
 	d := 40 * time.Second
 	for seed := range uint64(200) {
 		seen := map[Kind]bool{}
-		for _, p := range Plan(seed, d, 4, kinds, crashpoint.Steps) {
-			if p.Kind.consumerFault() || slices.Contains(TwoHopOnly, p.Kind) || seen[p.Kind] {
-				continue
-			}
-			seen[p.Kind] = true
-			if p.Kind != AMQPClose {
+		for _, p := range Plan(seed, d, 6, kinds, crashpoint.Steps) {
+			if slices.Contains(TwoHopOnly, p.Kind) {
+				seen[p.Kind] = true
 				require.LessOrEqual(t, p.At+p.For, d*85/100, "seed %d: %s ends after the stream", seed, p.Kind)
 			}
-			if p.For > 0 {
-				floor := time.Second
-				if p.Kind == RedisPause {
-					floor = 500 * time.Millisecond
-				}
-				require.GreaterOrEqual(t, p.For, floor, "seed %d: %s", seed, p.Kind)
+		}
+		require.Len(t, seen, len(TwoHopOnly), "seed %d", seed)
+	}
+}
+
+// TestLinkFaults: a link fault hits one consumer's links (a slot of the
+// run) or every consumer's, both drawn; resets are brief, latencies
+// 100-300ms, blackholes and latencies last seconds.
+func TestLinkFaults(t *testing.T) {
+	one, all := 0, 0
+	for seed := range uint64(50) {
+		for _, p := range Plan(seed, 10*time.Minute, 6, Kinds, crashpoint.Steps) {
+			if !p.Kind.linkFault() {
+				require.False(t, p.All, "%s", p.Kind)
+				continue
+			}
+			require.GreaterOrEqual(t, p.Slot, 0)
+			require.Less(t, p.Slot, 6)
+			if p.All {
+				all++
+			} else {
+				one++
+			}
+			switch p.Kind {
+			case PGReset, RedisReset, AMQPReset:
+				require.Equal(t, resetFor, p.For)
+			case PGLatency, RedisLatency:
+				require.GreaterOrEqual(t, p.Lag, 100*time.Millisecond)
+				require.LessOrEqual(t, p.Lag, 300*time.Millisecond)
+				require.GreaterOrEqual(t, p.For, 2*time.Second)
+			default:
+				require.GreaterOrEqual(t, p.For, 2*time.Second)
+				require.LessOrEqual(t, p.For, 5*time.Second)
 			}
 		}
-		require.Len(t, seen, 8, "seed %d: every infrastructure kind once in the first round", seed)
 	}
+	require.Positive(t, one)
+	require.Positive(t, all)
+}
+
+// TestFitRound: a round that does not fit is shortened to take room
+// exactly (give or take rounding), each duration and gap keeping its
+// floor; a round that fits is left alone.
+func TestFitRound(t *testing.T) {
+	total := func(f []Planned, g []time.Duration) (d time.Duration) {
+		for i := range f {
+			d += f[i].For + g[i]
+		}
+		return d
+	}
+	f := []Planned{{For: 6 * time.Second}, {For: resetFor}, {}, {For: 2 * time.Second}}
+	g := []time.Duration{3 * time.Second, time.Second, 400 * time.Millisecond, 3 * time.Second}
+	fitRound(f, g, 8*time.Second)
+	require.InDelta(t, float64(8*time.Second), float64(total(f, g)), float64(time.Millisecond))
+	require.LessOrEqual(t, total(f, g), 8*time.Second)
+	require.Equal(t, resetFor, f[1].For, "a fault shorter than a second keeps what it drew")
+	require.Zero(t, f[2].For)
+	require.Equal(t, 400*time.Millisecond, g[2], "a gap shorter than its floor keeps what it drew")
+	require.GreaterOrEqual(t, f[3].For, time.Second)
+	require.GreaterOrEqual(t, g[1], 500*time.Millisecond)
+
+	fitRound(f, g, time.Second) // less than the floors: everything at its floor
+	require.Equal(t, []Planned{{For: time.Second}, {For: resetFor}, {}, {For: time.Second}}, f)
+	require.Equal(t, []time.Duration{500 * time.Millisecond, 500 * time.Millisecond, 400 * time.Millisecond, 500 * time.Millisecond}, g)
+
+	g2 := slices.Clone(g)
+	fitRound(f, g, time.Minute)
+	require.Equal(t, g2, g, "a round that fits is left alone")
 }
 
 func TestParseKinds(t *testing.T) {
 	all, err := ParseKinds("all", false, false)
 	require.NoError(t, err)
-	require.Equal(t, Kinds[:len(Kinds)-4], all, "all but the cluster-only and two-hop kinds")
+	require.Equal(t, Kinds[:len(Kinds)-5], all, "all but the cluster-only and two-hop kinds")
 	require.NotContains(t, all, RabbitKill)
+	require.Contains(t, all, RedisBlackhole)
 	all, err = ParseKinds("all", true, true)
 	require.NoError(t, err)
-	require.Equal(t, Kinds, all)
+	require.Equal(t, slices.DeleteFunc(slices.Clone(Kinds), func(k Kind) bool { return slices.Contains(SingleNodeOnly, k) }), all,
+		"all but the Redis link kinds: a cluster's Redis is reached directly")
+	require.Contains(t, all, RabbitKill)
 	all, err = ParseKinds("all", false, true)
 	require.NoError(t, err)
 	require.Contains(t, all, HTTPFail)
+	require.Contains(t, all, APIBlackhole)
+	require.Contains(t, all, RedisLatency)
 	require.NotContains(t, all, RabbitKill)
 	got, err := ParseKinds("redis-kill, pg-restart,redis-kill", false, false)
 	require.NoError(t, err)
 	require.Equal(t, []Kind{RedisKill, PGRestart}, got)
 	_, err = ParseKinds("redis-kill,meteor", false, false)
 	require.ErrorContains(t, err, `unknown fault kind "meteor"`)
+}
+
+// TestEveryKindIsDescribed: --help lists each kind with a line.
+func TestEveryKindIsDescribed(t *testing.T) {
+	for _, k := range Kinds {
+		require.NotEmpty(t, Describe[k], k)
+	}
+	require.Len(t, Describe, len(Kinds))
 }
 
 func TestBreakerStateFromTransitionCounts(t *testing.T) {

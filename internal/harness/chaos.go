@@ -17,7 +17,9 @@ func runChaos(ctx context.Context, e *cli.Env, args []string) error {
 drawn from the seed hits it: consumers SIGKILLed and armed to die at every
 named crash point; the run's own Redis killed, paused, slowed, flushed and
 made to evict; the consumers' Postgres sessions terminated and the run's own
-Postgres restarted; the consumers' broker connections closed by name. With
+Postgres restarted; the consumers' broker connections closed by name; and
+the links every consumer reaches Postgres, Redis, the broker and the API
+through (fault proxies of the run's own) blackholed, reset and slowed. With
 the second hop (the default), every payment also sends a RECEIPT_REQUESTED
 through the outbox to a fleet of receipts consumers, which POST each receipt
 through theirs to an API the run serves; every consumer runs a relay, crash
@@ -31,11 +33,12 @@ chaos.html (a timeline chart with the fault windows and breaker state) to
 be injected.
 
 It starts its own redis-server and PostgreSQL cluster (initdb must be
-installed) and declares its own queue on the broker at AMQP_URL; it needs
-rabbitmqctl on this machine to close connections. With --cluster it starts,
-instead, a Redis Cluster (redis-cli), a 3-node RabbitMQ cluster (the
-rabbitmq-server package, run as the rabbitmq user) and two PostgreSQL shards,
-and the Redis faults hit a master. Fault kinds:
+installed) and declares its own queue on the broker at AMQP_URL. With
+--cluster it starts, instead, a Redis Cluster (redis-cli), a 3-node RabbitMQ
+cluster (the rabbitmq-server package, run as the rabbitmq user) and two
+PostgreSQL shards, and the Redis faults hit a master (the consumers reach
+the Redis Cluster directly, so the redis link kinds are left out). Fault
+kinds:
 `+chaosKindList())
 	path := fs.String("config", "", "YAML config `file` passed to the consumers (connections and queue are the run's own)")
 	consumers := fs.Int("consumers", 4, "consumer processes")
@@ -107,7 +110,7 @@ and the Redis faults hit a master. Fault kinds:
 func chaosKindList() string {
 	var s string
 	for _, k := range chaos.Kinds {
-		s += fmt.Sprintf("  %-14s %s\n", k, chaos.Describe[k])
+		s += fmt.Sprintf("  %-15s %s\n", k, chaos.Describe[k])
 	}
 	return s[:len(s)-1]
 }
