@@ -106,6 +106,12 @@ func ApplySet(ctx context.Context, db Conn, set Set) ([]Migration, error) {
 	defer func() { _ = tx.Rollback(ctx) }()
 
 	ledger := pgx.Identifier{set.Ledger}.Sanitize()
+	// A migration may build an index for minutes, and a fleet starting
+	// together waits here for the first to finish: lift the session's
+	// statement and lock bounds for this transaction (ctx still bounds it).
+	if _, err := tx.Exec(ctx, `SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0`); err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, set.Ledger); err != nil {
 		return nil, fmt.Errorf("migrate: lock: %w", err)
 	}

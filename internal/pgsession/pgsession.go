@@ -2,10 +2,12 @@
 // ends of the link, so that a half-open connection (packets dropped, no
 // reset) never leaves a session behind that holds locks:
 //
-//   - server side, set per session: idle_in_transaction_session_timeout,
-//     statement_timeout and lock_timeout, derived from the longest a healthy
-//     transaction of idem's takes; TCP keepalives and tcp_user_timeout, so
-//     the server notices a client that vanished;
+//   - server side, set on each session where nothing else set them (the
+//     server's configuration, the role, the database, the URL):
+//     idle_in_transaction_session_timeout, statement_timeout and
+//     lock_timeout, derived from the longest a healthy transaction of
+//     idem's takes; TCP keepalives and tcp_user_timeout, so the server
+//     notices a client that vanished;
 //   - client side: TCP keepalives and TCP_USER_TIMEOUT on the socket, so a
 //     silent server is noticed even between transactions.
 //
@@ -14,11 +16,14 @@
 package pgsession
 
 import (
+	"context"
 	"fmt"
 	"net"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -50,8 +55,7 @@ const DefaultIdleInTx = time.Minute
 // the handler's deadline, a slow round trip.
 const margin = 5 * time.Second
 
-// Params returns the session settings b stands for, by name: what Apply
-// sets unless the URL set the parameter itself.
+// Params returns the session settings b stands for, by name.
 func (b Bounds) Params() map[string]string {
 	ms := func(d time.Duration) string { return fmt.Sprint(d.Milliseconds()) }
 	p := map[string]string{
@@ -64,29 +68,51 @@ func (b Bounds) Params() map[string]string {
 	if b.Tx > 0 {
 		p["idle_in_transaction_session_timeout"] = ms(b.Tx + margin)
 		p["statement_timeout"] = ms(b.Tx + margin)
-		// Below Tx, so that a claim waiting on a row another session
-		// holds hears it from the server before its own deadline, and the
-		// consumer holds the delivery instead of spending an attempt.
+		// Below Tx, so that a claim waiting on a dedup row another
+		// session holds hears it from the server before its own deadline,
+		// and the consumer holds the delivery instead of spending an
+		// attempt.
 		p["lock_timeout"] = ms(b.Tx / 2)
 	}
 	return p
 }
 
-// Apply sets b's session settings (those the URL did not set) and the
-// client's TCP bounds on pc.
+// setUnset sets each setting that nothing else set: not the server's
+// configuration, the role or database (ALTER ROLE … SET), nor the URL (a
+// parameter or options=-c). One round trip per new connection.
+const setUnset = `SELECT count(set_config(s.name, b.value, false))
+FROM unnest($1::text[], $2::text[]) AS b(name, value)
+JOIN pg_settings s ON s.name = b.name
+WHERE s.source = 'default'`
+
+// Apply bounds the sessions of pc's pool as b says: on each new connection
+// it sets b's settings that nothing else set, and it dials TCP with
+// keepalives and TCP_USER_TIMEOUT. A transaction may lift a bound for
+// itself (SET LOCAL statement_timeout = 0), as migrations do.
 func Apply(pc *pgxpool.Config, b Bounds) {
-	rp := pc.ConnConfig.RuntimeParams
+	var names, values []string
 	for k, v := range b.Params() {
-		if _, set := rp[k]; !set {
-			rp[k] = v
+		names, values = append(names, k), append(values, v)
+	}
+	next := pc.AfterConnect
+	pc.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		if _, err := conn.Exec(ctx, setUnset, names, values); err != nil {
+			return fmt.Errorf("bound the session: %w", err)
 		}
+		if next != nil {
+			return next(ctx, conn)
+		}
+		return nil
 	}
 	d := &net.Dialer{
 		Timeout: pc.ConnConfig.ConnectTimeout,
 		KeepAliveConfig: net.KeepAliveConfig{
 			Enable: true, Idle: KeepaliveIdle, Interval: KeepaliveInterval, Count: KeepaliveCount,
 		},
-		Control: func(_, _ string, c syscall.RawConn) error {
+		Control: func(network, _ string, c syscall.RawConn) error {
+			if !strings.HasPrefix(network, "tcp") {
+				return nil // a Unix socket: no TCP to bound
+			}
 			var serr error
 			err := c.Control(func(fd uintptr) { serr = setUserTimeout(fd, UserTimeout) })
 			if err != nil {

@@ -138,17 +138,22 @@ func (w *worker[T]) holdInPlace(ctx context.Context, items []item[T], h *hold, w
 		}
 		cfg.Logger.Warn(msg, append(what, "reason", reason, "err", err, "store_hold", cfg.StoreHold)...)
 		w.requeueAll(ctx, items, reason, err)
-		if reason == wire.RequeueStoreUnavailable {
+		if reason == wire.RequeueStoreUnavailable && w.c.guard.Shards() == 1 {
 			// The store stayed away: every delivery this consumer holds
 			// would wait as long. The session ends, handing them all back
 			// to consumers that can reach their store, and the next one
-			// starts once the store answers.
+			// starts once the store answers. With shards, one shard away
+			// stops nothing else: the other shards' events go on, and
+			// this shard's go back one batch at a time, each within
+			// StoreHold of its arrival.
 			w.storeAway()
 		}
 		return false
 	}
 	cfg.Observer.Count(wire.CounterStoreRetry, 1)
-	delay := cfg.RetryBackoff.Delay(wait)
+	// The last retry starts by the hold's end: a delivery is handed back
+	// at most one attempt (HandlerTimeout) past StoreHold from its arrival.
+	delay := max(0, min(cfg.RetryBackoff.Delay(wait), time.Until(h.until)))
 	cfg.Logger.Warn("store unavailable, retrying in place", append(what, "reason", reason, "err", err, "delay", delay)...)
 	if !sleep(w.stop, delay) {
 		w.requeueAll(ctx, items, wire.RequeueShutdown, err)

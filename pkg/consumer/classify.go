@@ -26,6 +26,12 @@ const (
 	spendAttempt
 )
 
+// isClaim reports an error of the guard's claim statement.
+func isClaim(err error) bool {
+	var se *guard.StoreError
+	return errors.As(err, &se) && se.Op == guard.StoreClaim
+}
+
 // classify decides what a failed attempt leads to, and the reason that names
 // it in dead letters and metrics. timedOut says the attempt's own deadline
 // (Config.HandlerTimeout) fired, as opposed to shutdown.
@@ -47,11 +53,19 @@ func classify(err error, timedOut bool) (verdict, string) {
 	}
 	if code := pgerr.SQLState(err); code != "" {
 		switch {
-		case code == pgerr.LockNotAvailable:
-			// lock_timeout: another session holds a row this attempt
-			// needs. Not the event's fault: a healthy holder finishes, an
-			// orphaned one is ended by the server; hold, spend nothing.
+		case code == pgerr.LockNotAvailable && isClaim(err):
+			// lock_timeout on the claim: another session holds this
+			// event's dedup row. Not the event's fault: a healthy holder
+			// finishes within its transaction, an orphaned one is ended by
+			// the server (idle_in_transaction_session_timeout); hold,
+			// spend nothing.
 			return holdInPlace, wire.RequeueLockWait
+		case code == pgerr.LockNotAvailable:
+			// A handler's statement waited on a business row: as a
+			// handler that runs out of time, the batch splits and the
+			// attempt counts, so that one locked row holds up no other
+			// event.
+			return spendAttempt, wire.ReasonHandlerTimeout
 		case code == "22003":
 			return deadLetterNow, wire.ReasonNumericOverflow
 		case strings.HasPrefix(code, "22"):

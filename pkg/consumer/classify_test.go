@@ -33,7 +33,7 @@ func TestClassifyHoldsOnlyAnUnreachableStore(t *testing.T) {
 		{"admin shutdown", store(guard.StoreClaim, pg("57P01")), false, holdInPlace, wire.RequeueStoreUnavailable},
 		{"cannot connect now", store(guard.StoreBegin, pg("57P03")), false, holdInPlace, wire.RequeueStoreUnavailable},
 		{"a claimed row locked by another session (lock_timeout)", store(guard.StoreClaim, pg("55P03")), false, holdInPlace, wire.RequeueLockWait},
-		{"a handler statement that waited lock_timeout", handler(pg("55P03")), false, holdInPlace, wire.RequeueLockWait},
+		{"a handler statement that waited lock_timeout", handler(pg("55P03")), false, spendAttempt, wire.ReasonHandlerTimeout},
 		{"too many connections", store(guard.StoreBegin, pg("53300")), false, holdInPlace, wire.RequeueStoreUnavailable},
 		{"connection exception class", store(guard.StoreClaim, pg("08006")), false, holdInPlace, wire.RequeueStoreUnavailable},
 		{"serialization failure in handler", handler(pg("40001")), false, holdInPlace, wire.RequeueStoreUnavailable},

@@ -1,0 +1,94 @@
+package idem_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/migrations"
+	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/pkg/idem"
+)
+
+// reviewSlowSet is a service's migration set whose one migration takes d
+// (a backfill, an index built on a table that already holds rows).
+func reviewSlowSet(t *testing.T, d time.Duration) migrations.Set {
+	return migrations.Set{Ledger: "review_" + testenv.Name(t), Files: fstest.MapFS{
+		"0001_backfill.sql": {Data: []byte("SELECT pg_sleep(" + d.String()[:len(d.String())-1] + ")")},
+	}}
+}
+
+// reviewStart runs a Service and returns a channel that receives Run's
+// error if Run returns before the test ends.
+func reviewStart(t *testing.T, cfg idem.Config) <-chan error {
+	t.Helper()
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	if testing.Verbose() {
+		cfg.Logger = slog.Default()
+	}
+	svc, err := idem.New(cfg, ledgerHandler{})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	done := make(chan struct{})
+	go func() { defer close(done); errc <- svc.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return errc
+}
+
+// TestAMigrationLongerThanTheHandlerTimeoutRunsAtStart: a service
+// with Migrate and a migration of its own that takes longer than
+// HandlerTimeout + 5 s (here 1 s + 5 s; an index build or a backfill on a
+// table with rows takes minutes). Migrations run at start on the service's
+// pool, whose sessions pgsession now bounds with statement_timeout =
+// HandlerTimeout + 5 s: the migration is cancelled (57014), pgerr.Wait
+// takes it as permanent, and Run fails. docs/operations.md says migrations
+// get no statement or lock timeout, but only `idem migrate` (a tool's
+// pool) keeps that; `idem consume`, `idem relay` and Service.Run migrate
+// on bounded pools.
+func TestAMigrationLongerThanTheHandlerTimeoutRunsAtStart(t *testing.T) {
+	_, dbURL := testenv.Schema(t, testenv.Effects)
+	amqpURL := testenv.AMQPURL()
+	queue := testenv.Queue(t, amqpURL)
+	cons := consumer.Config{URL: amqpURL, Queue: queue, HandlerTimeout: time.Second, BatchSize: 1}
+	errc := reviewStart(t, idem.Config{Scope: "pay", DatabaseURL: dbURL, Consumer: cons,
+		Migrate: true, Migrations: []migrations.Set{reviewSlowSet(t, 7*time.Second)}})
+	select {
+	case err := <-errc:
+		t.Fatalf("Run returned at start: %v", err)
+	case <-time.After(12 * time.Second):
+	}
+}
+
+// TestAFleetStartingTogetherWaitsForTheMigration: two instances
+// start together, both with Migrate (ApplySet: "concurrent callers are
+// serialised by an advisory lock, so a fleet may all run it at start").
+// The first runs a 2 s migration; the second waits on
+// pg_advisory_xact_lock, and lock_timeout (HandlerTimeout / 2 = 0.5 s)
+// ends that wait with 55P03, which pgerr.Wait takes as permanent: the
+// second instance's Run fails at start.
+func TestAFleetStartingTogetherWaitsForTheMigration(t *testing.T) {
+	_, dbURL := testenv.Schema(t, testenv.Effects)
+	amqpURL := testenv.AMQPURL()
+	queue := testenv.Queue(t, amqpURL)
+	set := reviewSlowSet(t, 2*time.Second)
+	cons := consumer.Config{URL: amqpURL, Queue: queue, HandlerTimeout: time.Second, BatchSize: 1}
+	a := reviewStart(t, idem.Config{Scope: "pay", DatabaseURL: dbURL, Consumer: cons, Migrate: true, Migrations: []migrations.Set{set}})
+	b := reviewStart(t, idem.Config{Scope: "pay", DatabaseURL: dbURL, Consumer: cons, Migrate: true, Migrations: []migrations.Set{set}})
+	deadline := time.After(8 * time.Second)
+	for {
+		select {
+		case err := <-a:
+			t.Fatalf("instance A's Run returned at start: %v", err)
+		case err := <-b:
+			t.Fatalf("instance B's Run returned at start: %v", err)
+		case <-deadline:
+			return
+		}
+	}
+}
