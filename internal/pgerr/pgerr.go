@@ -38,7 +38,7 @@ func IsTransient(err error) bool {
 		}
 		switch pgErr.Code {
 		case "40001", "40P01", // serialization_failure, deadlock_detected
-			LockNotAvailable, // lock_timeout: a lock another session holds, for now
+			LockNotAvailable,          // lock_timeout: a lock another session holds, for now
 			"57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
 			"53300": // too_many_connections
 			return true
