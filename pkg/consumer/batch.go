@@ -138,14 +138,16 @@ func (w *worker[T]) holdInPlace(ctx context.Context, items []item[T], h *hold, w
 		}
 		cfg.Logger.Warn(msg, append(what, "reason", reason, "err", err, "store_hold", cfg.StoreHold)...)
 		w.requeueAll(ctx, items, reason, err)
-		if reason == wire.RequeueStoreUnavailable && w.c.guard.Shards() == 1 {
+		if reason == wire.RequeueStoreUnavailable && w.c.guard.Shards() == 1 && !cfg.KeyOrder {
 			// The store stayed away: every delivery this consumer holds
 			// would wait as long. The session ends, handing them all back
 			// to consumers that can reach their store, and the next one
 			// starts once the store answers. With shards, one shard away
 			// stops nothing else: the other shards' events go on, and
 			// this shard's go back one batch at a time, each within
-			// StoreHold of its arrival.
+			// StoreHold of its arrival. With KeyOrder too: a session's end
+			// returns its deliveries in no order the broker promises, and
+			// the keys it holds (keyHolds) end with it.
 			w.storeAway()
 		}
 		return false

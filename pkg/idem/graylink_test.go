@@ -44,24 +44,32 @@ func (h ledgerHandler) Apply(ctx context.Context, tx pgx.Tx, id string) error {
 func linkedSchema(t *testing.T) (*pgxpool.Pool, string, *sandbox.Link) {
 	t.Helper()
 	db, dbURL := testenv.Schema(t, testenv.Effects)
-	faults := sandbox.StartFaults()
-	t.Cleanup(faults.Close)
-	pg, err := url.Parse(dbURL)
-	require.NoError(t, err)
-	link, err := faults.Link("postgres", pg.Host)
-	require.NoError(t, err)
-	return db, dbURL, link
+	return db, dbURL, faultLink(t, "postgres", dbURL)
 }
 
-// viaLink returns dbURL with its host and port replaced by the link's.
-func viaLink(t *testing.T, dbURL string, l *sandbox.Link) string {
-	u, err := url.Parse(dbURL)
+// faultLink starts a fault link of the test's own in front of the server
+// that rawURL (postgres://, redis:// or amqp://) names; it stops at the end.
+func faultLink(t *testing.T, name, rawURL string) *sandbox.Link {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	require.NoError(t, err)
+	faults := sandbox.StartFaults()
+	t.Cleanup(faults.Close)
+	link, err := faults.Link(name, u.Host)
+	require.NoError(t, err)
+	return link
+}
+
+// viaLink returns rawURL with its host and port replaced by the link's.
+func viaLink(t *testing.T, rawURL string, l *sandbox.Link) string {
+	u, err := url.Parse(rawURL)
 	require.NoError(t, err)
 	u.Host = l.Addr()
 	return u.String()
 }
 
-func runService(t *testing.T, cfg idem.Config, h ledgerHandler) (stop func()) {
+// runService runs a Service of h until the test ends or stop is called.
+func runService(t *testing.T, cfg idem.Config, h ledgerHandler) (svc *idem.Service[string], stop func()) {
 	t.Helper()
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	if testing.Verbose() {
@@ -85,7 +93,7 @@ func runService(t *testing.T, cfg idem.Config, h ledgerHandler) (stop func()) {
 		}
 	}
 	t.Cleanup(stop)
-	return stop
+	return svc, stop
 }
 
 // TestAnOrphanedSessionNeverWedgesAHealthyConsumer: consumer A's link to
@@ -111,7 +119,7 @@ func TestAnOrphanedSessionNeverWedgesAHealthyConsumer(t *testing.T) {
 	}}
 	cons := consumer.Config{URL: amqpURL, Queue: queue, HandlerTimeout: 2 * time.Second, StoreHold: 3 * time.Second,
 		DeliveryLimit: 3, BatchSize: 1}
-	stopA := runService(t, idem.Config{Scope: "pay", DatabaseURL: viaLink(t, dbURL, link), Consumer: cons}, a)
+	_, stopA := runService(t, idem.Config{Scope: "pay", DatabaseURL: viaLink(t, dbURL, link), Consumer: cons}, a)
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, amqpURL, queue) >= 0 }, 20*time.Second, 50*time.Millisecond,
 		"consumer A declared its queue")
 	publishIDs(t, amqpURL, queue, "e1")
@@ -143,15 +151,35 @@ func TestAnOrphanedSessionNeverWedgesAHealthyConsumer(t *testing.T) {
 	require.Equal(t, 0, testenv.QueueDepth(t, amqpURL, queue+".dlq"), "nothing dead-lettered")
 }
 
+// publishIDs publishes one message per id to queue (see publisher).
 func publishIDs(t *testing.T, amqpURL, queue string, ids ...string) {
+	t.Helper()
+	publisher(t, amqpURL, queue)(ids...)
+}
+
+// publisher returns a func that publishes one message per id to queue, the
+// id its message ID and body, each confirmed by the broker. Its connection
+// closes at the end of the test.
+func publisher(t *testing.T, amqpURL, queue string) func(ids ...string) {
 	t.Helper()
 	conn, err := amqp.Dial(amqpURL)
 	require.NoError(t, err)
-	defer conn.Close()
+	t.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()
 	require.NoError(t, err)
-	for _, id := range ids {
-		require.NoError(t, ch.Publish("", queue, false, false, amqp.Publishing{MessageId: id, Body: []byte(id), Timestamp: time.Now()}))
+	require.NoError(t, ch.Confirm(false))
+	return func(ids ...string) {
+		t.Helper()
+		for _, id := range ids {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false,
+				amqp.Publishing{MessageId: id, Body: []byte(id), Timestamp: time.Now()})
+			require.NoError(t, err)
+			acked, err := c.WaitContext(ctx)
+			cancel()
+			require.NoError(t, err, "the broker's confirm of %s", id)
+			require.True(t, acked, "the broker confirmed %s", id)
+		}
 	}
 }
 
