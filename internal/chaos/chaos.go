@@ -502,7 +502,10 @@ func (r *run) startLinks() error {
 			}
 			l.amqp, amqpURLs = append(l.amqp, k), append(amqpURLs, via)
 		}
-		l.at.amqp = strings.Join(amqpURLs, ",")
+		// Each slot dials a different node first, so that every node has
+		// consumers and a rabbit-kill always cuts some.
+		n := slot % len(amqpURLs)
+		l.at.amqp = strings.Join(append(slices.Clone(amqpURLs[n:]), amqpURLs[:n]...), ",")
 		if direct.api != "" {
 			k, via, err := link("api", direct.api, "")
 			if err != nil {
