@@ -49,9 +49,12 @@ type linkFault struct {
 	// flows, if set: the events published during the fault are all
 	// applied while it is still on, within flows of the last one.
 	flows time.Duration
-	// stops, if set: the consumer stops taking deliveries within stops of
-	// the fault (its store stayed away past StoreHold).
-	stops time.Duration
+	// applies: events are applied while the fault is on, more slowly.
+	applies bool
+	// handsBack, if set: within handsBack of the fault, while it is still
+	// on, the consumer holds no event it has not applied (each is back in
+	// the queue) and then stops consuming until its store answers.
+	handsBack time.Duration
 	// held, if set, bounds how long any delivery is held, from its
 	// arrival to its outcome (applied or handed back).
 	held time.Duration
@@ -77,19 +80,22 @@ func linkFaults() []linkFault {
 	// The breaker opens after FailureThreshold failed calls over MinOutage;
 	// at one event per linksPace, a call each.
 	tripped := fast.Breaker.MinOutage + time.Duration(fast.Breaker.FailureThreshold)*linksPace
-	// A silent broker: amqp091 reads with a deadline of three heartbeats.
-	silent := 3 * broker.DefaultHeartbeat
+	// A silent broker: amqp091 sends a heartbeat every half heartbeat and
+	// reads with a deadline of three of those.
+	silent := 3 * broker.DefaultHeartbeat / 2
 	short := 5 * time.Second
 	return []linkFault{
 		// A reset shorter than StoreHold: held in place, applied on heal.
 		{link: "postgres", fault: "reset", hold: short / 2, notice: linksSlack, held: inPlace + linksSlack,
 			recovers: cons.RetryBackoff.Max + linksSlack},
 		// A blackhole longer than StoreHold: handed back, the consumer
-		// stops until its store answers.
-		{link: "postgres", fault: "blackhole", hold: inPlace + linksSlack, notice: linksHandlerTimeout + linksSlack,
-			stops: inPlace + linksSlack, held: inPlace + linksSlack,
-			recovers: cons.RetryBackoff.Max + linksHandlerTimeout + linksSlack},
-		{link: "postgres", fault: "latency", hold: short, flows: linksHandlerTimeout + linksSlack, held: inPlace + linksSlack,
+		// stops until its store answers. A batch's first attempt is made
+		// twice (screened, then on the full path) before it is held, so
+		// the first sign may come after two handler timeouts.
+		{link: "postgres", fault: "blackhole", hold: inPlace + linksSlack, notice: 2*linksHandlerTimeout + linksSlack,
+			handsBack: inPlace + linksSlack, recovers: cons.RetryBackoff.Max + linksHandlerTimeout + linksSlack},
+		// Each statement waits a round trip: applied, more slowly.
+		{link: "postgres", fault: "latency", hold: short, applies: true, held: inPlace + linksSlack,
 			recovers: linksSlack},
 
 		{link: "redis", fault: "reset", hold: short, notice: tripped + linksSlack, flows: linksSlack, held: linksSlack,
@@ -192,8 +198,12 @@ func testLinkFault(t *testing.T, c linkFault) {
 	t.Cleanup(heal)
 	pace := time.NewTicker(linksPace)
 	defer pace.Stop()
+	var stoppedAt time.Time // when the consumer was first seen not consuming
 	for time.Since(faultAt) < c.hold {
 		publish("during-", 1)
+		if stoppedAt.IsZero() && !svc.Stats().Consuming {
+			stoppedAt = time.Now()
+		}
 		<-pace.C
 	}
 	m := measured{}
@@ -210,15 +220,39 @@ func testLinkFault(t *testing.T, c linkFault) {
 		require.Eventually(t, allApplied, c.flows, 50*time.Millisecond,
 			"every event published during the %s is applied while it lasts", c.fault)
 	}
-	if c.stops > 0 {
-		require.Eventually(t, func() bool { return !svc.Stats().Consuming },
-			max(time.Until(faultAt.Add(c.stops)), linksPace), 50*time.Millisecond,
-			"the consumer stops taking deliveries while its store is away")
-		m.stopped = time.Since(faultAt)
+	if c.handsBack > 0 {
+		handBack := "retry_" + wire.RequeueStoreUnavailable
+		require.Eventually(t, func() bool { _, ok := w.first(handBack, faultAt); return ok },
+			max(time.Until(faultAt.Add(c.handsBack)), linksPace), 50*time.Millisecond,
+			"the consumer hands its deliveries back within %s while its store is away", c.handsBack)
+		s, _ := w.first(handBack, faultAt)
+		m.handedBack = s.at.Sub(faultAt)
+		// Every event not applied is ready in the queue: the consumer,
+		// the only one, holds none.
+		require.Eventually(t, func() bool {
+			ready := testenv.QueueDepth(t, amqpURL, queue)
+			_, applied := ledgerRows(t, db)
+			return ready >= len(published)-applied
+		}, linksSlack, 50*time.Millisecond, "the consumer holds no event it has not applied")
+		// Its session ends once its workers have drained what they had
+		// gathered, each batch one attempt at most, within DrainTimeout.
+		drain := consumer.Config{}.WithDefaults().DrainTimeout
+		require.Eventually(t, func() bool {
+			if stoppedAt.IsZero() && !svc.Stats().Consuming {
+				stoppedAt = time.Now()
+			}
+			return !stoppedAt.IsZero()
+		}, drain+linksSlack, 50*time.Millisecond, "the consumer stops consuming while its store is away")
+	}
+	if !stoppedAt.IsZero() {
+		m.stopped = stoppedAt.Sub(faultAt)
 	}
 	healAt := time.Now()
 	m.during = w.appliedBetween(faultAt, healAt)
 	m.published = len(published)
+	if c.applies {
+		require.NotZero(t, m.during, "events are applied during the %s", c.fault)
+	}
 	heal()
 
 	// Events keep coming while the service recovers.
@@ -263,15 +297,16 @@ func ledgerRows(t *testing.T, db *pgxpool.Pool) (rows, distinct int) {
 
 // measured is what one case saw, for its log line.
 type measured struct {
-	notice    time.Duration // from the fault to the first sign, if any
-	sign      string
-	stopped   time.Duration // from the fault to not consuming, if it stopped
-	during    int           // events applied while the fault was on
-	published int           // events published until the heal
-	held      time.Duration // the longest a delivery was held
-	heldWhy   string
-	recovered time.Duration // from the heal to recovered
-	closed    time.Duration // from the heal to the breaker closing, if it moved
+	notice     time.Duration // from the fault to the first sign, if any
+	sign       string
+	handedBack time.Duration // from the fault to the first delivery handed back, store away
+	stopped    time.Duration // from the fault to not consuming, if it stopped
+	during     int           // events applied while the fault was on
+	published  int           // events published until the heal
+	held       time.Duration // the longest a delivery was held
+	heldWhy    string
+	recovered  time.Duration // from the heal to recovered
+	closed     time.Duration // from the heal to the breaker closing, if it moved
 }
 
 func (m measured) String() string {
@@ -281,8 +316,11 @@ func (m measured) String() string {
 	} else {
 		b.WriteString("nothing to notice; ")
 	}
+	if m.handedBack > 0 {
+		fmt.Fprintf(&b, "handed back after %s; ", m.handedBack.Round(10*time.Millisecond))
+	}
 	if m.stopped > 0 {
-		fmt.Fprintf(&b, "stopped consuming by %s; ", m.stopped.Round(10*time.Millisecond))
+		fmt.Fprintf(&b, "not consuming after %s; ", m.stopped.Round(10*time.Millisecond))
 	}
 	fmt.Fprintf(&b, "%d applied during the fault (%d published by the heal); longest hold %s (%s); recovered %s after the heal",
 		m.during, m.published, m.held.Round(10*time.Millisecond), m.heldWhy, m.recovered.Round(10*time.Millisecond))
@@ -333,7 +371,7 @@ func (w *watch) Settled(_ context.Context, s consumer.Settlement) {
 			w.applied[s.EventID] = now
 		}
 	case guard.OutcomeRetry:
-		w.signs = append(w.signs, sign{"retry", now})
+		w.signs = append(w.signs, sign{"retry", now}, sign{"retry_" + s.Reason, now})
 	case guard.OutcomeDeadLettered, guard.OutcomePayloadConflict:
 		w.dead++
 	}
