@@ -159,8 +159,8 @@ func closeErr(err error) error {
 // connection: consumer.Config.ConnectionName + PublishingConnectionSuffix.
 const PublishingConnectionSuffix = "-publish"
 
-// DefaultHeartbeat is the heartbeat Dial asks for: a peer silent for two of
-// them ends the connection.
+// DefaultHeartbeat is the heartbeat Dial asks for: amqp091 ends a
+// connection whose peer stays silent for 1.5 of them (15 s).
 const DefaultHeartbeat = 10 * time.Second
 
 // dialTimeout bounds the TCP connect and the AMQP handshake.

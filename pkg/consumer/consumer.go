@@ -229,6 +229,13 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		// return; their unacked deliveries go back to the queue.
 		_ = sub.ch.Close()
 	}
+	if errors.Is(cause, errStoreAway) {
+		// The store is away and the broker has every delivery back: roll
+		// back what is in flight now rather than try it again, and say at
+		// once that this consumer consumes nothing.
+		c.live.Store(nil)
+		cancelWork()
+	}
 	drain := time.NewTimer(c.cfg.DrainTimeout)
 	defer drain.Stop()
 	select {

@@ -51,9 +51,10 @@ type linkFault struct {
 	flows time.Duration
 	// applies: events are applied while the fault is on, more slowly.
 	applies bool
-	// handsBack, if set: within handsBack of the fault, while it is still
-	// on, the consumer holds no event it has not applied (each is back in
-	// the queue) and then stops consuming until its store answers.
+	// handsBack, if set: while the fault is still on, the consumer hands
+	// its deliveries back within handsBack of the fault, holds no event
+	// it has not applied (each is back in the queue), and its session
+	// ends within DrainTimeout: its store is away.
 	handsBack time.Duration
 	// held, if set, bounds how long any delivery is held, from its
 	// arrival to its outcome (applied or handed back).
@@ -121,11 +122,11 @@ func linkFaults() []linkFault {
 // before, as the fault lands, during it (one per linksPace) and after it
 // heals. Each case holds the service to its bounds: it notices the fault in
 // time, keeps applying through Postgres while Redis is away or while a link
-// is only slow, holds no delivery past its bound (StoreHold and one attempt,
-// while Postgres is away), stops taking deliveries while its store stays
-// away, and recovers within a bound of the heal. Every event is applied
-// exactly once and nothing is dead-lettered. The measured times are logged
-// (docs/operations.md, "Silent links", has them).
+// is only slow, holds no delivery past its bound, hands back what it holds
+// and stops consuming while its store stays away, and recovers within a
+// bound of the heal. Every event is applied exactly once and nothing is
+// dead-lettered. The measured times are logged; docs/operations.md ("Each
+// link under each fault, measured") has them.
 func TestLinksHoldTheirBoundsUnderFaults(t *testing.T) {
 	for _, c := range linkFaults() {
 		t.Run(c.link+"/"+c.fault, func(t *testing.T) {
