@@ -100,5 +100,9 @@ func TestChaosClusterCI(t *testing.T) {
 		require.Positive(t, counts[k], "fault %s never injected", k)
 	}
 	require.Positive(t, res.Breaker["closed->open"], "the master's loss must have opened a breaker")
-	require.Positive(t, res.Outcomes["count/"+wire.CounterReconnect], "the killed node's consumers must reconnect")
+	// Both fleets dial the nodes in turn (a slot each), so that the killed
+	// node has consumers of each; one of them may be restarting at that
+	// moment, not all.
+	reconnects := res.Outcomes["count/"+wire.CounterReconnect] + res.HopOutcomes["count/"+wire.CounterReconnect]
+	require.Positive(t, reconnects, "the killed node's consumers must reconnect")
 }
