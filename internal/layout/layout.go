@@ -11,6 +11,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/internal/pgerr"
 )
 
 // ErrWrongPartitions is returned by CheckPartitions when the stream was set
@@ -79,6 +81,10 @@ func SetPartitions(ctx context.Context, db *pgxpool.Pool, queue string, partitio
 // another shard, or as a shard of another number of shards.
 var ErrWrongShard = errors.New("database holds another shard")
 
+// ErrNotMigrated is returned by CheckShard, the first of the start-up
+// checks, when idem's tables are not there.
+var ErrNotMigrated = errors.New("idem's tables are missing in this database (in the first schema of its search_path): run `idem migrate`, or set Migrate in idem.Config")
+
 // CheckShard records that this database is shard shard of shards, or, if a
 // place was recorded before, returns ErrWrongShard unless it is the same.
 // Call it at start: a reordered or resized shard list would route keys to
@@ -95,6 +101,9 @@ func CheckShard(ctx context.Context, db *pgxpool.Pool, shard, shards int) error 
 	err := db.QueryRow(ctx, `INSERT INTO idem_shard (shard, shards) VALUES ($1, $2)
 		ON CONFLICT (id) DO UPDATE SET shard = idem_shard.shard
 		RETURNING shard, shards`, shard, shards).Scan(&was, &of)
+	if pgerr.SQLState(err) == pgerr.UndefinedTable {
+		return fmt.Errorf("%w (%w)", ErrNotMigrated, err)
+	}
 	if err != nil {
 		return fmt.Errorf("check shard: %w", err)
 	}

@@ -63,6 +63,10 @@ func IsTransient(err error) bool {
 		strings.Contains(err.Error(), "conn closed")
 }
 
+// UndefinedTable is the SQLSTATE of a statement on a table that does not
+// exist.
+const UndefinedTable = "42P01"
+
 // LockNotAvailable is the SQLSTATE of a statement that waited
 // lock_timeout for a lock another session holds.
 const LockNotAvailable = "55P03"

@@ -92,3 +92,20 @@ func TestAFleetStartingTogetherWaitsForTheMigration(t *testing.T) {
 		}
 	}
 }
+
+// TestForgottenMigrationsSayWhatToDo: a service started on a database where
+// nobody ran the migrations (and without Migrate) fails at once with a
+// plain "run idem migrate, or set Migrate", not with a missing table deep
+// in a start-up check.
+func TestForgottenMigrationsSayWhatToDo(t *testing.T) {
+	_, dbURL := testenv.EmptySchema(t)
+	errc := reviewStart(t, idem.Config{Scope: "pay", DatabaseURL: dbURL,
+		Consumer: consumer.Config{URL: testenv.AMQPURL(), Queue: testenv.Queue(t, testenv.AMQPURL())}})
+	select {
+	case err := <-errc:
+		require.ErrorContains(t, err, "idem's tables are missing")
+		require.ErrorContains(t, err, "run `idem migrate`, or set Migrate")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the service did not stop on a database without idem's tables")
+	}
+}
