@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -164,9 +165,9 @@ func (p *amqpPublisher) send(ctx context.Context, dests map[string]Destination, 
 			} else {
 				p.suspect[id] = true
 			}
-			lost = cmpOr(lost, fmt.Errorf("amqp: %w", res.Err))
+			lost = cmp.Or(lost, fmt.Errorf("amqp: %w", res.Err))
 		default:
-			lost = cmpOr(lost, fmt.Errorf("amqp: %w", res.Err))
+			lost = cmp.Or(lost, fmt.Errorf("amqp: %w", res.Err))
 		}
 	}
 	if lost != nil {
@@ -175,13 +176,6 @@ func (p *amqpPublisher) send(ctx context.Context, dests map[string]Destination, 
 		p.close()
 	}
 	return lost
-}
-
-func cmpOr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 func (p *amqpPublisher) close() {
