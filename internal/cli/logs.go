@@ -1,14 +1,10 @@
 package cli
 
 import (
-	"context"
-	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-	"github.com/redis/go-redis/v9"
+	"github.com/idemhq/idem/internal/clientlog"
 )
 
 // newLogger returns the logger a config asks for, on w: logfmt ("text") or
@@ -23,8 +19,7 @@ func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
 		h = slog.NewJSONHandler(w, opts)
 	}
 	log := slog.New(h)
-	redis.SetLogger(redisLog{log.With("component", "go-redis")})
-	amqp.SetLogger(amqpLog{log.With("component", "amqp091")})
+	clientlog.Route(log)
 	return log
 }
 
@@ -34,19 +29,4 @@ func durationsAsText(_ []string, a slog.Attr) slog.Attr {
 		return slog.String(a.Key, a.Value.Duration().String())
 	}
 	return a
-}
-
-// redisLog and amqpLog adapt the client libraries' Printf loggers to slog,
-// at warning level: what they log is a fault they recovered from.
-type (
-	redisLog struct{ log *slog.Logger }
-	amqpLog  struct{ log *slog.Logger }
-)
-
-func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
-	l.log.WarnContext(ctx, strings.TrimSpace(fmt.Sprintf(format, v...)))
-}
-
-func (l amqpLog) Printf(format string, v ...any) {
-	l.log.Warn(strings.TrimSpace(fmt.Sprintf(format, v...)))
 }

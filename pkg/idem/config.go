@@ -69,7 +69,10 @@ type Config struct {
 	// metrics), including the handler's own dead-letter reasons when it
 	// lists them (a Reasons() []string method).
 	Metrics prometheus.Registerer
-	// Logger receives the service's logs. Defaults to slog.Default().
+	// Logger receives the service's logs. Defaults to slog.Default(). New
+	// also routes the log lines of go-redis and amqp091 through it (a
+	// failed dial, say): both libraries keep one logger per process, so the
+	// last Service created wins.
 	Logger *slog.Logger
 }
 

@@ -22,9 +22,12 @@ import (
 // table this example creates.
 type greeting struct{}
 
+// Decode leaves the event's Time zero: the consumer then takes the AMQP
+// timestamp the producer set. Never stamp time.Now() here: a copy
+// redelivered after the retention would look new, and be applied again.
 func (greeting) Decode(m consumer.Message) (guard.Event, string, error) {
 	id, name, _ := strings.Cut(string(m.Body), ":")
-	return guard.Event{ID: id, Hash: guard.HashFields(id, name), Time: time.Now()}, name, nil
+	return guard.Event{ID: id, Hash: guard.HashFields(id, name)}, name, nil
 }
 
 func (greeting) Apply(ctx context.Context, tx pgx.Tx, name string) error {
@@ -132,7 +135,8 @@ func exampleServices() (dbURL, amqpURL, queue string, cleanup func()) {
 	}
 }
 
-// publish sends bodies to queue once the service has declared it.
+// publish sends bodies to queue once the service has declared it, each
+// stamped with the time it was sent, as a producer does.
 func publish(amqpURL, queue string, bodies ...string) {
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
@@ -146,7 +150,7 @@ func publish(amqpURL, queue string, bodies ...string) {
 		}
 		if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err == nil {
 			for _, b := range bodies {
-				if err := ch.Publish("", queue, false, false, amqp.Publishing{Body: []byte(b)}); err != nil {
+				if err := ch.Publish("", queue, false, false, amqp.Publishing{Body: []byte(b), Timestamp: time.Now()}); err != nil {
 					panic(err)
 				}
 			}

@@ -2,7 +2,6 @@ package idem_test
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -52,7 +51,7 @@ func TestAPasswordChangedUnderARunningServiceIsNotReadyNotFatal(t *testing.T) {
 		Consumer: consumer.Config{URL: proxy.URL(userURL), Queue: queue,
 			ReconnectBackoff: consumer.Backoff{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond}},
 		Metrics: reg,
-		Logger:  slog.New(slog.DiscardHandler),
+		Logger:  testenv.Logger(t),
 	}, greeting{})
 	require.NoError(t, err)
 	ctx, stop := context.WithCancel(context.Background())

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemhq/idem/internal/clientlog"
 	"github.com/idemhq/idem/internal/horizon"
 	"github.com/idemhq/idem/internal/layout"
 	"github.com/idemhq/idem/internal/pgerr"
@@ -51,6 +52,7 @@ func New[T any](cfg Config, h consumer.Handler[T]) (*Service[T], error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	clientlog.Route(cfg.Logger)
 	if cfg.Consumer.Logger == nil {
 		cfg.Consumer.Logger = cfg.Logger
 	}
