@@ -121,17 +121,9 @@ func ApplySet(ctx context.Context, db Conn, set Set) ([]Migration, error) {
 		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		return nil, fmt.Errorf("migrate: create %s: %w", set.Ledger, err)
 	}
-	rows, err := tx.Query(ctx, `SELECT version FROM `+ledger)
+	have, err := recorded(ctx, tx, set.Ledger)
 	if err != nil {
-		return nil, fmt.Errorf("migrate: read %s: %w", set.Ledger, err)
-	}
-	done, err := pgx.CollectRows(rows, pgx.RowTo[int])
-	if err != nil {
-		return nil, fmt.Errorf("migrate: read %s: %w", set.Ledger, err)
-	}
-	have := map[int]bool{}
-	for _, v := range done {
-		have[v] = true
+		return nil, fmt.Errorf("migrate: %w", err)
 	}
 	var ran []Migration
 	for _, m := range all {
@@ -150,4 +142,55 @@ func ApplySet(ctx context.Context, db Conn, set Set) ([]Migration, error) {
 		return nil, fmt.Errorf("migrate: commit: %w", err)
 	}
 	return ran, nil
+}
+
+// Pending returns the migrations of set that its ledger does not record, in
+// version order: every one where the ledger is not in the first schema of
+// the search_path (where ApplySet would create it). It changes nothing: a
+// service that does not migrate at start checks with it that someone did.
+func Pending(ctx context.Context, db Conn, set Set) ([]Migration, error) {
+	all, err := set.All()
+	if err != nil {
+		return nil, err
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema() AND tablename = $1)`,
+		set.Ledger).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("migrations: look for %s: %w", set.Ledger, err)
+	}
+	have := map[int]bool{}
+	if exists {
+		if have, err = recorded(ctx, tx, set.Ledger); err != nil {
+			return nil, fmt.Errorf("migrations: %w", err)
+		}
+	}
+	var pending []Migration
+	for _, m := range all {
+		if !have[m.Version] {
+			pending = append(pending, m)
+		}
+	}
+	return pending, nil
+}
+
+// recorded returns the versions ledger records.
+func recorded(ctx context.Context, tx pgx.Tx, ledger string) (map[int]bool, error) {
+	rows, err := tx.Query(ctx, `SELECT version FROM `+pgx.Identifier{ledger}.Sanitize())
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", ledger, err)
+	}
+	done, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", ledger, err)
+	}
+	have := map[int]bool{}
+	for _, v := range done {
+		have[v] = true
+	}
+	return have, nil
 }

@@ -38,3 +38,33 @@ func TestGuardMigrationsTouchOnlyIdemTables(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, again, "applied twice")
 }
+
+// TestPendingSaysWhatALedgerLacks: Pending lists every migration of a set
+// whose ledger is absent, the newer ones of a ledger that is behind, none
+// once the set is applied, and creates nothing while it looks.
+func TestPendingSaysWhatALedgerLacks(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.EmptySchema(t)
+	ctx := context.Background()
+	all, err := migrations.All()
+	require.NoError(t, err)
+	pending, err := migrations.Pending(ctx, pool, migrations.Guard)
+	require.NoError(t, err)
+	require.Equal(t, all, pending)
+	var tables int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()`).Scan(&tables))
+	require.Zero(t, tables, "Pending created a table")
+
+	_, err = migrations.Apply(ctx, pool)
+	require.NoError(t, err)
+	pending, err = migrations.Pending(ctx, pool, migrations.Guard)
+	require.NoError(t, err)
+	require.Empty(t, pending)
+
+	last := all[len(all)-1]
+	_, err = pool.Exec(ctx, `DELETE FROM idem_migrations WHERE version = $1`, last.Version)
+	require.NoError(t, err)
+	pending, err = migrations.Pending(ctx, pool, migrations.Guard)
+	require.NoError(t, err)
+	require.Equal(t, []migrations.Migration{last}, pending)
+}

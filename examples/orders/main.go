@@ -3,9 +3,16 @@
 // often RabbitMQ delivers it, across a fleet of its own processes, crashes
 // and Redis outages.
 //
+// With ORDERS_NOTIFY_URL set it also tells each customer, once, that their
+// order shipped: a POST to the notifications API with the bearer token
+// ORDERS_NOTIFY_TOKEN, sent through the outbox by the relay that the
+// service runs itself. No second process, and nothing but its own code
+// names the destination.
+//
 // It reads DATABASE_URL, AMQP_URL, REDIS_URL (empty: Postgres alone),
-// ORDERS_QUEUE (default orders.events) and ORDERS_HTTP_ADDR (the probes and
-// /metrics, if set), applies its migrations, and runs until SIGTERM.
+// ORDERS_QUEUE (default orders.events), ORDERS_HTTP_ADDR (the probes and
+// /metrics, if set), ORDERS_NOTIFY_URL and ORDERS_NOTIFY_TOKEN, applies its
+// migrations, and runs until SIGTERM.
 package main
 
 import (
@@ -26,6 +33,7 @@ import (
 	"github.com/idemhq/idem/migrations"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/idem"
+	"github.com/idemhq/idem/pkg/outbox"
 )
 
 func main() {
@@ -41,7 +49,7 @@ func main() {
 func run(ctx context.Context, getenv func(string) string, log *slog.Logger) error {
 	// docs:begin
 	reg := prometheus.NewRegistry()
-	svc, err := idem.New(idem.Config{
+	cfg := idem.Config{
 		Scope:       "orders",
 		DatabaseURL: getenv("DATABASE_URL"),
 		RedisURL:    getenv("REDIS_URL"), // empty: Postgres alone
@@ -53,7 +61,17 @@ func run(ctx context.Context, getenv func(string) string, log *slog.Logger) erro
 		Migrations: []migrations.Set{Migrations},
 		Metrics:    reg,
 		Logger:     log,
-	}, Handler{})
+	}
+	h := Handler{}
+	if url := getenv("ORDERS_NOTIFY_URL"); url != "" {
+		// Notices go through the outbox; Run relays them, in this process.
+		cfg.Outbox.Destinations = map[string]outbox.Destination{Notifications: {
+			URL:    url,
+			Header: http.Header{"Authorization": {"Bearer " + getenv("ORDERS_NOTIFY_TOKEN")}},
+		}}
+		h.Notify = true
+	}
+	svc, err := idem.New(cfg, h)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/idemhq/idem/migrations"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/pkg/outbox"
 )
 
 // TypeOrderShipped is the one event type this service handles.
@@ -36,9 +37,24 @@ var files embed.FS
 // Migrations is the service's own table, recorded in orders_migrations.
 var Migrations = migrations.SetIn("orders_migrations", files, "migrations")
 
+// Notifications is the outbox destination that tells customers their
+// order shipped: the notifications API (main.go declares it).
+const Notifications = "notifications"
+
+// Notice is what the notifications API receives for a shipment.
+type Notice struct {
+	CustomerID string `json:"customerId"`
+	OrderID    string `json:"orderId"`
+	Carrier    string `json:"carrier"`
+}
+
 // Handler records shipments: one row per ORDER_SHIPPED event, whatever the
 // broker redelivers.
-type Handler struct{}
+type Handler struct {
+	// Notify also sends a Notice per shipment To Notifications, through
+	// the outbox: it leaves if and only if the shipment commits.
+	Notify bool
+}
 
 var _ consumer.BatchHandler[Shipped] = Handler{}
 
@@ -66,12 +82,13 @@ func (Handler) Reasons() []string { return []string{"bad_json", "unknown_type", 
 
 // Apply records one shipment through tx, which also holds the event's
 // dedup row.
-func (Handler) Apply(ctx context.Context, tx pgx.Tx, s Shipped) error {
-	return Handler{}.ApplyBatch(ctx, tx, []Shipped{s})
+func (h Handler) Apply(ctx context.Context, tx pgx.Tx, s Shipped) error {
+	return h.ApplyBatch(ctx, tx, []Shipped{s})
 }
 
-// ApplyBatch records a batch of shipments in one statement.
-func (Handler) ApplyBatch(ctx context.Context, tx pgx.Tx, ss []Shipped) error {
+// ApplyBatch records a batch of shipments in one statement, and with
+// Notify enqueues their notices in the same transaction.
+func (h Handler) ApplyBatch(ctx context.Context, tx pgx.Tx, ss []Shipped) error {
 	ids, orders, customers, carriers := make([]string, len(ss)), make([]string, len(ss)), make([]string, len(ss)), make([]string, len(ss))
 	at := make([]time.Time, len(ss))
 	for i, s := range ss {
@@ -82,5 +99,17 @@ func (Handler) ApplyBatch(ctx context.Context, tx pgx.Tx, ss []Shipped) error {
 	if err != nil {
 		return fmt.Errorf("record %d shipments: %w", len(ss), err)
 	}
-	return nil
+	if !h.Notify {
+		return nil
+	}
+	notices := make([]outbox.Message, len(ss))
+	for i, s := range ss {
+		body, err := json.Marshal(Notice{CustomerID: s.CustomerID, OrderID: s.OrderID, Carrier: s.Carrier})
+		if err != nil {
+			return err
+		}
+		// Index 0: the event's one message, the same on every attempt.
+		notices[i] = outbox.Message{EventID: s.EventID, To: Notifications, Key: s.CustomerID, Type: TypeOrderShipped, Body: body}
+	}
+	return outbox.Enqueue(ctx, tx, notices...)
 }

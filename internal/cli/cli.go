@@ -32,7 +32,7 @@ func Commands() []Command {
 		{"verify", "check the database against a publish manifest", runVerify},
 		{"relay", "publish the outbox: messages handlers sent in their transactions", runRelay},
 		{"outbox", "list outbox rows, or replay dead ones (idem outbox -h)", runOutbox},
-		{"migrate", "create or update the database tables", runMigrate},
+		{"migrate", "create or update idem's tables (and the reference handlers', with handler set)", runMigrate},
 		{"prune", "delete dedup rows older than postgres.retention", runPrune},
 		{"repartition", "change the stream's partition count, once its queues are empty", runRepartition},
 		{"dlq", "list, show, replay or purge dead letters (idem dlq -h)", runDLQ},
@@ -54,6 +54,9 @@ type Env struct {
 	jsonLog *slog.Logger
 	warned  bool   // the config's warnings were logged
 	prog    string // the binary's name in usage lines: idem or idem-lab
+	// scope and queue are the command's --scope and --queue, if it has
+	// them (see targetFlags).
+	scope, queue *string
 }
 
 // urlVars are the connection settings whose secrets never reach an output.
@@ -148,7 +151,9 @@ binary holds none of this.
 	}
 	fmt.Fprintf(w, `
 Connections come from AMQP_URL, REDIS_URL and DATABASE_URL (local services by
-default) and the queue from IDEM_QUEUE (default payments.events). Every other
+default), the queue from IDEM_QUEUE (default payments.events) and the
+consuming service's scope from IDEM_SCOPE (default payments); the tools that
+read a queue or a scope take --queue and --scope over them. Every other
 setting is in the YAML file given by --config or its IDEM_* variable: see
 '%[1]s config'. '%[1]s <command> -h' shows a command's flags.
 `, prog)
@@ -192,12 +197,18 @@ var errHelp = errors.New("help shown")
 // IsHelp reports whether err only means that help was shown.
 func IsHelp(err error) bool { return errors.Is(err, errHelp) }
 
-// LoadConfig reads the config, builds the logger it asks for (see
-// newLogger) and logs the config's warnings once.
+// LoadConfig reads the config (with the command's --scope and --queue over
+// it), builds the logger it asks for (see newLogger) and logs the config's
+// warnings once.
 func (e *Env) LoadConfig(path string) (config.Config, *slog.Logger, error) {
-	cfg, err := config.Load(path, e.environ())
+	cfg, err := config.Load(path, append(e.environ(), e.targetEnv()...))
 	e.red.Add(cfg.AMQPURL, cfg.RedisURL, cfg.DatabaseURL, cfg.Postgres.Shards, // the file may set them too
 		cfg.Outbox.Destinations) // an HTTP destination's URL may hold a token
+	for _, d := range cfg.RelayConfig().Destinations {
+		for _, vs := range d.Header { // outbox.headers' values, read from the environment
+			e.red.AddValues(vs...)
+		}
+	}
 	if err != nil {
 		if cfg.LogFormat == "json" { // read before the error: report it as JSON
 			e.jsonLog = newLogger(e.Stderr, "json", slog.LevelInfo)

@@ -22,6 +22,7 @@ import (
 	"github.com/idemhq/idem/internal/telemetry"
 	"github.com/idemhq/idem/migrations"
 	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/pkg/guard/redistier"
 	"github.com/idemhq/idem/pkg/idem"
 )
 
@@ -31,7 +32,7 @@ func RunConsume(ctx context.Context, e *Env, args []string) error {
 	host, _ := os.Hostname()
 	name := fs.String("name", fmt.Sprintf("idem-consume-%s-%d", host, os.Getpid()), "client-provided RabbitMQ connection `name`")
 	statsFile := fs.String("stats-file", "", "write the outcome counts as JSON to this `file` every second and on exit")
-	noMigrate := fs.Bool("no-migrate", false, "do not apply pending migrations at start")
+	noMigrate := fs.Bool("no-migrate", false, "do not apply pending migrations at start; refuse to start if one is missing")
 	only := fs.String("partition", "", "consume only these partitions (`K[,K…]`, of 0 to partitions-1); default: all")
 	if err := Parse(fs, args); err != nil {
 		return err
@@ -49,6 +50,11 @@ func RunConsume(ctx context.Context, e *Env, args []string) error {
 	for _, p := range partitions {
 		if p >= cfg.Partitions {
 			return fmt.Errorf("--partition %d: the stream has %d partition(s), 0 to %d (the partitions setting, IDEM_PARTITIONS)", p, cfg.Partitions, cfg.Partitions-1)
+		}
+	}
+	if *noMigrate {
+		if err := requireMigrated(ctx, cfg, dbs, log, migrations.Guard, payments.Migrations); err != nil {
+			return err
 		}
 	}
 	TuneGC(e.Getenv)
@@ -80,8 +86,11 @@ func RunConsume(ctx context.Context, e *Env, args []string) error {
 	} else {
 		err = serve(ctx, run, sc, payments.Handler{Receipts: cfg.Outbox.Emit})
 	}
-	if errors.Is(err, consumer.ErrBrokerRefused) || errors.Is(err, consumer.ErrBrokerUnreachable) {
+	switch {
+	case errors.Is(err, consumer.ErrBrokerRefused) || errors.Is(err, consumer.ErrBrokerUnreachable):
 		return amqpURLErr(err)
+	case errors.Is(err, redistier.ErrNoSuchDatabase):
+		return configErr(fmt.Errorf("redis_url (REDIS_URL): %w", err)) // a setting, not an outage
 	}
 	return err
 }

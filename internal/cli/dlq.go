@@ -39,7 +39,8 @@ func runDLQ(ctx context.Context, e *Env, args []string) error {
 		}
 		fmt.Fprint(w, `Usage: idem dlq <command> [flags]
 
-Works on the dead-letter queue of the configured queue (<queue>.dlq). Every
+Works on the dead-letter queue of the queue (<queue>.dlq): --queue, else
+the queue setting (IDEM_QUEUE, default payments.events). Every
 command reads the messages there when it starts and leaves the others in
 place; a message leaves the queue only once its command is done with it.
 
@@ -111,6 +112,7 @@ func (e *Env) openDLQ(ctx context.Context, path string) (config.Config, *dlq.Que
 func runDLQList(ctx context.Context, e *Env, args []string) error {
 	fs := NewFlags(e, "dlq list", "Counts the dead letters by reason, with the age of the oldest and newest\n(since they were dead-lettered).")
 	path := fs.String("config", "", "YAML config `file`")
+	e.targetFlags(fs, false, true)
 	if err := Parse(fs, args); err != nil {
 		return err
 	}
@@ -178,8 +180,10 @@ func age(now, t time.Time) string {
 func runDLQShow(ctx context.Context, e *Env, args []string) error {
 	fs := NewFlags(e, "dlq show", `Prints dead letters, oldest first: reason, error, attempts, replays,
 headers and body. For a payload conflict it also prints when the original
-was processed and both payload hashes.`)
+was processed and both payload hashes, from the dedup rows of the scope
+(--scope, else the scope setting).`)
 	path := fs.String("config", "", "YAML config `file`")
+	e.targetFlags(fs, true, true)
 	var f dlqFilter
 	f.flags(fs)
 	limit := fs.Int("n", 10, "print at most `N` dead letters")
@@ -291,7 +295,7 @@ func (e *Env) showConflicts(ctx context.Context, cfg config.Config, ms []dlq.Mes
 		case errors.Is(err, pgx.ErrNoRows):
 			fmt.Fprintf(tw, "%s\t(no dedup row: pruned?)\t\t%s\n", m.EventID, m.PayloadHash)
 		case err != nil:
-			return fmt.Errorf("database: %w", err)
+			return dbErr(err)
 		default:
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.EventID, at.UTC().Format(time.RFC3339Nano), hex.EncodeToString(hash), m.PayloadHash)
 		}
@@ -309,6 +313,7 @@ lands in the dead-letter queue once, not in a loop. The guard still decides:
 replaying an event that was processed is a harmless duplicate. Say which:
 --reason, --event or --all.`)
 	path := fs.String("config", "", "YAML config `file`")
+	e.targetFlags(fs, false, true)
 	var f dlqFilter
 	f.flags(fs)
 	all := fs.Bool("all", false, "replay every dead letter")
@@ -368,6 +373,7 @@ replaying an event that was processed is a harmless duplicate. Say which:
 func runDLQPurge(ctx context.Context, e *Env, args []string) error {
 	fs := NewFlags(e, "dlq purge", "Deletes dead letters for good: those with --reason, or every one. Needs --yes.")
 	path := fs.String("config", "", "YAML config `file`")
+	e.targetFlags(fs, false, true)
 	reason := fs.String("reason", "", "only dead letters with this `reason`")
 	yes := fs.Bool("yes", false, "really delete them")
 	if err := Parse(fs, args); err != nil {

@@ -7,32 +7,40 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/internal/config"
 	"github.com/idemhq/idem/internal/fastkey"
+	"github.com/idemhq/idem/internal/pgerr"
 	"github.com/idemhq/idem/internal/relay"
 	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/guard"
 )
 
 func runInspect(ctx context.Context, e *Env, args []string) error {
-	fs := NewFlags(e, "inspect", `idem inspect [--config F] <eventId>
+	fs := NewFlags(e, "inspect", `idem inspect [--config F] [--scope S] <eventId>
 
-Shows, for one event ID in the configured scope, what each tier holds: the
-Redis key (pending lease or done marker, payload hash, time to live), the
-dedup row (when it was processed, payload hash), the messages it sent
-through the outbox (and whether each was sent), and, where the reference
-payments handler's tables are in the schema, its effect (ledger rows and the
-user's balance). It works for any handler's database: without those tables
-it shows the guard's tiers alone. With postgres.shards it looks on every
-shard: an event ID alone does not say which shard its user maps to.`)
+Shows, for one event ID in the consuming service's scope (--scope, else the
+scope setting), what each tier holds: the Redis key (pending lease or done
+marker, payload hash, time to live), the dedup row (when it was processed,
+payload hash), the messages it sent through the outbox (and whether each
+was sent), and, where the reference payments handler's tables are in the
+schema, its effect (ledger rows and the user's balance). It works for any
+handler's database: without those tables it shows the guard's tiers alone.
+With postgres.shards it looks on every shard: an event ID alone does not say
+which shard its user maps to.
+
+It refuses (exit 2) a scope of which the database holds no dedup or outbox
+row, and names the scopes it finds: "not processed" would then only mean
+that it looked in the wrong place.`)
 	path := fs.String("config", "", "YAML config `file`")
+	e.targetFlags(fs, true, false)
 	// Flags may come before or after the event ID.
 	var ids []string
 	for rest := args; ; {
@@ -48,7 +56,7 @@ shard: an event ID alone does not say which shard its user maps to.`)
 		ids, rest = append(ids, fs.Arg(0)), fs.Args()[1:]
 	}
 	if len(ids) != 1 {
-		fmt.Fprintln(e.Stderr, "Usage: idem inspect [--config F] <eventId>")
+		fmt.Fprintln(e.Stderr, "Usage: idem inspect [--config F] [--scope S] <eventId>")
 		return ErrUsage
 	}
 	id := ids[0]
@@ -60,6 +68,9 @@ shard: an event ID alone does not say which shard its user maps to.`)
 		return err
 	}
 	defer dbs.Close()
+	if err := checkScope(ctx, e, dbs, cfg.Scope, id); err != nil {
+		return err
+	}
 	tw := tabwriter.NewWriter(e.Stdout, 0, 0, 2, ' ', 0)
 	defer tw.Flush()
 	fmt.Fprintf(tw, "event:\t%s (scope %s)\n", id, cfg.Scope)
@@ -98,6 +109,82 @@ shard: an event ID alone does not say which shard its user maps to.`)
 	}
 	fmt.Fprintf(tw, "verdict:\t%s\n", inspectVerdict(rows, applied, effects))
 	return nil
+}
+
+// maxScopesNamed is how many scopes checkScope names.
+const maxScopesNamed = 10
+
+// checkScope refuses a scope of which no database holds a dedup or an
+// outbox row: the event would be "not processed" whatever happened to it
+// (another service's scope, or a scope left to its default), so the
+// operator is told which scopes there are instead. Both lookups are
+// index scans (the tables' keys begin with the scope).
+func checkScope(ctx context.Context, e *Env, dbs Shards, scope, id string) error {
+	var found []string
+	for _, pool := range dbs {
+		outbox, err := hasTable(ctx, pool, "idem_outbox")
+		if err != nil {
+			return dbErr(err)
+		}
+		tables := []string{"idem_processed"}
+		if outbox {
+			tables = append(tables, "idem_outbox")
+		}
+		for _, table := range tables {
+			var held bool
+			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+table+` WHERE scope = $1)`, scope).Scan(&held); err != nil {
+				return dbErr(err)
+			}
+			if held {
+				return nil
+			}
+			names, err := scopesIn(ctx, pool, table)
+			if err != nil {
+				return dbErr(err)
+			}
+			found = append(found, names...)
+		}
+	}
+	slices.Sort(found)
+	found = slices.Compact(found)
+	where := "this database"
+	if len(dbs) > 1 {
+		where = fmt.Sprintf("any of the %d shards", len(dbs))
+	}
+	msg := fmt.Sprintf("idem inspect: no dedup or outbox row of scope %q in %s, so %s cannot be told from an event it never saw: give the consuming service's scope with --scope (or IDEM_SCOPE).", scope, where, id)
+	switch {
+	case len(found) == 0:
+		msg += " The tables hold no row of any scope: is database_url the consumers' database and schema?"
+	case len(found) > maxScopesNamed:
+		msg += fmt.Sprintf(" Scopes found (the first %d by name): %s, …", maxScopesNamed, strings.Join(found[:maxScopesNamed], ", "))
+	default:
+		msg += " Scopes found: " + strings.Join(found, ", ")
+	}
+	return UsageErr(e, "%s", msg)
+}
+
+// scopesIn returns the first scopes of table by name, at most
+// maxScopesNamed+1: one index probe per scope (a skip scan of the key that
+// begins with it), however many rows each has.
+func scopesIn(ctx context.Context, pool *pgxpool.Pool, table string) ([]string, error) {
+	rows, err := pool.Query(ctx, `WITH RECURSIVE s(scope) AS (
+			(SELECT scope FROM `+table+` ORDER BY scope LIMIT 1)
+			UNION ALL
+			SELECT (SELECT t.scope FROM `+table+` t WHERE t.scope > s.scope ORDER BY t.scope LIMIT 1)
+			FROM s WHERE s.scope IS NOT NULL)
+		SELECT scope FROM s WHERE scope IS NOT NULL LIMIT $1`, maxScopesNamed+1)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// hasTable reports whether table is on the pool's search_path: an older
+// schema may lack one of idem's later tables.
+func hasTable(ctx context.Context, pool *pgxpool.Pool, table string) (bool, error) {
+	var present bool
+	err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&present)
+	return present, err
 }
 
 // inspectRedis prints the event's key in the fast tier.
@@ -151,9 +238,12 @@ func inspectDedupRow(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, scop
 // replay is the command that replays one of its rows (with --shard where
 // there are several).
 func inspectOutbox(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, scope, id, on, replay string) error {
-	var present bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass('idem_outbox') IS NOT NULL`).Scan(&present); err != nil || !present {
-		return dbErr(err) // nil when the table is absent: an older schema sends nothing
+	present, err := hasTable(ctx, pool, "idem_outbox")
+	if err != nil {
+		return dbErr(err)
+	}
+	if !present {
+		return nil // an older schema sends nothing
 	}
 	msgs, err := relay.List(ctx, pool, relay.Filter{Scope: scope, EventID: id})
 	if err != nil {
@@ -240,9 +330,17 @@ func inspectVerdict(rows, applied int, effects bool) string {
 
 // dbErr names the setting to look at, and the likely fix for missing tables.
 func dbErr(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-		return fmt.Errorf("database_url: %w (no idem tables in this database and schema: run 'idem migrate', or point database_url at the consumers' schema)", err)
+	if pgerr.SQLState(err) == pgerr.UndefinedTable {
+		return unmigrated(err)
 	}
 	return fmt.Errorf("database: %w", err)
+}
+
+// unmigrated says what a tool's missing table most likely means, or
+// returns err as it is.
+func unmigrated(err error) error {
+	if pgerr.SQLState(err) == pgerr.UndefinedTable {
+		return fmt.Errorf("database_url: idem's tables are missing in this database (in the first schema of its search_path): run `idem migrate`, or point database_url at the consumers' schema (%w)", err)
+	}
+	return err
 }

@@ -35,13 +35,13 @@ older than that.`)
 		where := cmp.Or(dbs.name(i), "database")
 		if *reset {
 			if err := horizon.Reset(ctx, pool, cfg.Postgres.Retention, cfg.Consumer.ClockSkew); err != nil {
-				return fmt.Errorf("%s: %w", where, err)
+				return fmt.Errorf("%s: %w", where, unmigrated(err))
 			}
 		}
 		n, cutoff, err := horizon.Prune(ctx, pool, horizon.PruneConfig{
 			Retention: cfg.Postgres.Retention, ClockSkew: cfg.Consumer.ClockSkew, Batch: *batch, CutUntimed: *cutUntimed})
 		if err != nil {
-			return fmt.Errorf("%s: %w", where, err)
+			return fmt.Errorf("%s: %w", where, unmigrated(err))
 		}
 		prefix := ""
 		if len(dbs) > 1 {

@@ -13,6 +13,7 @@ import (
 func runPublish(ctx context.Context, e *Env, args []string) error {
 	fs := NewFlags(e, "publish", "Publishes a reproducible stream of PAYMENT_COMPLETED events with duplicates\nto the queue, persistent, with publisher confirms, and can write a manifest\nof what it sent for 'idem verify'.")
 	path := fs.String("config", "", "YAML config `file`")
+	e.targetFlags(fs, false, true)
 	count := fs.Int("count", 10000, "distinct events")
 	users := fs.Int("users", 100, "distinct users")
 	dup := fs.Float64("dup-ratio", 0.25, "re-sends as a fraction of count, half back-to-back, half delayed")

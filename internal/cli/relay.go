@@ -29,11 +29,22 @@ in their events' transactions (idem_outbox), to outbox.destinations, with
 publisher confirms (or an HTTP POST with an Idempotency-Key), marking each
 sent once confirmed. Run as many as you like: they share the outbox's lanes,
 and the messages of one key leave in order. With postgres.shards, one relay
-per shard runs in this process. Applies idem's pending migrations at start.`)
+per shard runs in this process. Applies idem's pending migrations at start.
+
+An HTTP destination's requests carry the headers outbox.headers gives it
+(mailer:Authorization=env:MAILER_AUTH: the value read from MAILER_AUTH at
+start, masked in every output; a literal value is refused). Basic auth in
+its URL (a user and password before the host) works too, the password
+masked.
+
+At start it refuses (exit 2) pending outbox rows whose destination
+outbox.destinations does not name, with their count per destination (among
+the oldest `+strconv.Itoa(pendingChecked)+` pending rows of each database): a relay would make each
+dead at once. Add each to outbox.destinations; the rows stay pending.`)
 	path := fs.String("config", "", "YAML config `file`")
 	host, _ := os.Hostname()
 	name := fs.String("name", fmt.Sprintf("idem-relay-%s-%d", host, os.Getpid()), "client-provided RabbitMQ connection `name`")
-	noMigrate := fs.Bool("no-migrate", false, "do not apply pending migrations at start")
+	noMigrate := fs.Bool("no-migrate", false, "do not apply pending migrations at start; refuse to start if one is missing")
 	statsFile := fs.String("stats-file", "", "write the relay's counts as JSON to this `file` every second and on exit")
 	if err := Parse(fs, args); err != nil {
 		return err
@@ -50,6 +61,8 @@ per shard runs in this process. Applies idem's pending migrations at start.`)
 		if err := migrateGuard(ctx, dbs); err != nil {
 			return err
 		}
+	} else if err := requireMigrated(ctx, cfg, dbs, log, migrations.Guard); err != nil {
+		return err
 	}
 	if err := checkDestinations(ctx, cfg, dbs, log); err != nil {
 		return err

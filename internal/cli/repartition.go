@@ -61,6 +61,7 @@ while any queue of the current layout holds messages or has a consumer:
 Consumers then watch the old layout's queues and report any message a
 stale publisher strands there (log, idem_stranded_messages, /readyz).`)
 	path := fs.String("config", "", "YAML config `file`")
+	e.targetFlags(fs, false, true)
 	to := fs.Int("to", 0, "the new partition count `N` (1: one queue)")
 	if err := Parse(fs, args); err != nil {
 		return err
@@ -77,7 +78,7 @@ stale publisher strands there (log, idem_stranded_messages, /readyz).`)
 	// a config that differs from it is what a repartition expects.
 	stream, err := layout.CheckPartitions(ctx, dbs[0], cfg.Queue, cfg.Partitions)
 	if err != nil && !errors.Is(err, layout.ErrWrongPartitions) {
-		return err
+		return unmigrated(err)
 	}
 	if stream.Partitions == *to {
 		fmt.Fprintf(e.Stdout, "%s already has %d partition(s)\n", cfg.Queue, *to)

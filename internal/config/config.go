@@ -4,6 +4,7 @@ package config
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -67,7 +68,10 @@ type Config struct {
 	// Handler is the reference handler idem consume runs: payments
 	// (PAYMENT_COMPLETED into payments_ledger and account_balances) or
 	// receipts (RECEIPT_REQUESTED, which payments sends through the
-	// outbox, into receipts). Defaults to payments.
+	// outbox, into receipts); empty runs payments. idem migrate creates
+	// the reference handlers' tables only when it is set, so that it
+	// leaves another service's database with idem's own tables alone.
+	// Defaults to empty.
 	Handler string `yaml:"handler"`
 
 	Consumer Consumer `yaml:"consumer"`
@@ -91,6 +95,15 @@ type Outbox struct {
 	// message's key), exchange:<exchange>[/<routing key>], or an http(s)
 	// URL (POST, Idempotency-Key = the message ID). Defaults to empty.
 	Destinations string `yaml:"destinations"`
+	// Headers adds headers to an http(s) destination's requests (a bearer
+	// token, an API key): <destination>:<Header-Name>=env:<VARIABLE>,
+	// separated by spaces. Each value is read from the environment
+	// variable at start and masked in every output; a literal value is
+	// refused, so that no secret sits in a config file. Defaults to empty.
+	Headers string `yaml:"headers"`
+	// header is Headers with its values read, by Load: destination name ⇒
+	// its requests' headers.
+	header map[string]http.Header
 	// BatchSize is the most rows one relay pass claims. Defaults to 500.
 	BatchSize int `yaml:"batch_size"`
 	// PollInterval is how often an idle relay looks for rows without a
@@ -180,6 +193,28 @@ type Consumer struct {
 	// StartupTimeout bounds how long start-up waits for PostgreSQL and
 	// RabbitMQ to come up before it gives up and exits. Defaults to 2m.
 	StartupTimeout time.Duration `yaml:"startup_timeout"`
+	// KillSwitch stops consuming when distinct events all fail the same
+	// way (a broken deploy: a missing table, a revoked permission), hands
+	// back what it holds without spending it, reports not ready, and probes
+	// with one delivery until an event is processed (see
+	// consumer.KillSwitch). false lets every failure take the retry and
+	// dead-letter path alone. Defaults to true.
+	KillSwitch bool `yaml:"kill_switch"`
+	// KillSwitchThreshold is how many distinct events must fail with one
+	// error class (a SQLSTATE, else a reason) within kill_switch_window to
+	// trip the switch. Defaults to 5.
+	KillSwitchThreshold int `yaml:"kill_switch_threshold"`
+	// KillSwitchRate is the least share of the window's events those
+	// failures must be, above 0 and at most 1: a poison message among good
+	// ones never trips it. Defaults to 0.5.
+	KillSwitchRate float64 `yaml:"kill_switch_rate"`
+	// KillSwitchWindow is how far back failures count. Defaults to 1m.
+	KillSwitchWindow time.Duration `yaml:"kill_switch_window"`
+	// KillSwitchProbeMin is the wait after a trip before the first probe;
+	// each failed probe doubles it (jittered). Defaults to 10s.
+	KillSwitchProbeMin time.Duration `yaml:"kill_switch_probe_min"`
+	// KillSwitchProbeMax caps the wait between probes. Defaults to 5m.
+	KillSwitchProbeMax time.Duration `yaml:"kill_switch_probe_max"`
 }
 
 // Redis tunes the fast tier.
@@ -274,6 +309,12 @@ func Default() Config {
 			ClockSkew:           c.ClockSkew,
 			Untimed:             string(c.Untimed),
 			StartupTimeout:      c.StartupTimeout,
+			KillSwitch:          !c.KillSwitch.Off,
+			KillSwitchThreshold: c.KillSwitch.Threshold,
+			KillSwitchRate:      c.KillSwitch.Rate,
+			KillSwitchWindow:    c.KillSwitch.Window,
+			KillSwitchProbeMin:  c.KillSwitch.Probe.Min,
+			KillSwitchProbeMax:  c.KillSwitch.Probe.Max,
 		},
 		Redis: Redis{
 			Enabled:                 true,
@@ -288,7 +329,6 @@ func Default() Config {
 			BreakerHalfOpenRequests: r.Breaker.HalfOpenRequests,
 		},
 		Postgres: Postgres{Retention: c.Retention},
-		Handler:  HandlerPayments,
 		Outbox: Outbox{
 			BatchSize:      o.BatchSize,
 			PollInterval:   o.PollInterval,
@@ -301,7 +341,7 @@ func Default() Config {
 	}
 }
 
-// The reference handlers.
+// The reference handlers (Handler; empty runs payments).
 const (
 	HandlerPayments = "payments"
 	HandlerReceipts = "receipts"
@@ -311,6 +351,11 @@ const (
 // caller's).
 func (c Config) RelayConfig() relay.Config {
 	dests, _ := relay.ParseDestinations(c.Outbox.Destinations) // Validate parsed it
+	for name, h := range c.Outbox.header {
+		d := dests[name]
+		d.Header = h.Clone()
+		dests[name] = d
+	}
 	return relay.Config{
 		AMQPURLs:       broker.SplitURLs(c.AMQPURL),
 		Destinations:   dests,
@@ -349,6 +394,13 @@ func (c Config) ConsumerConfig() consumer.Config {
 		ReconnectBackoff:    consumer.Backoff{Min: c.Consumer.ReconnectBackoffMin, Max: c.Consumer.ReconnectBackoffMax},
 		DrainTimeout:        c.Consumer.DrainTimeout,
 		ConfirmTimeout:      c.Consumer.ConfirmTimeout,
+		KillSwitch: consumer.KillSwitch{
+			Threshold: c.Consumer.KillSwitchThreshold,
+			Rate:      c.Consumer.KillSwitchRate,
+			Window:    c.Consumer.KillSwitchWindow,
+			Probe:     consumer.Backoff{Min: c.Consumer.KillSwitchProbeMin, Max: c.Consumer.KillSwitchProbeMax},
+			Off:       !c.Consumer.KillSwitch,
+		},
 	}
 }
 
@@ -370,9 +422,9 @@ func (c Config) FastConfig() redistier.Config {
 
 // Load returns the defaults overlaid with the YAML file at path (if path is
 // not empty) and then with the environment (environ, as os.Environ returns
-// it), validated. An IDEM_* variable that names no setting is an error, like
-// an unknown YAML key. Risky but legal settings are listed by Warnings, for
-// the caller to log once.
+// it), validated; outbox.headers' values are read from environ too. An IDEM_*
+// variable that names no setting is an error, like an unknown YAML key. Risky
+// but legal settings are listed by Warnings, for the caller to log once.
 func Load(path string, environ []string) (Config, error) {
 	cfg := Default()
 	cfg.Consumer.BatchSize = 0 // unless set: 256, or prefetch if lower
@@ -397,6 +449,11 @@ func Load(path string, environ []string) (Config, error) {
 	if err := cfg.Validate(); err != nil {
 		return cfg, err
 	}
+	header, err := readHeaders(cfg.Outbox.Headers, environ)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Outbox.header = header
 	return cfg, nil
 }
 

@@ -2,6 +2,8 @@ package config
 
 import (
 	"fmt"
+	"maps"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -204,4 +206,84 @@ func TestDefaultsAreThePackagesOwn(t *testing.T) {
 	lib.ConnectionName, lib.Observer, lib.Logger = "", nil, nil // the command's own
 	require.Equal(t, lib, c)
 	require.Equal(t, redistier.Config{}.WithDefaults(), d.FastConfig())
+}
+
+// TestOutboxHeadersAreReadFromTheEnvironment: outbox.headers names a header
+// of an HTTP destination and the variable its value is read from, in the
+// file or in IDEM_OUTBOX_HEADERS; RelayConfig hands the values to the
+// relay, and only to that destination.
+func TestOutboxHeadersAreReadFromTheEnvironment(t *testing.T) {
+	const token = "Bearer Zq7sentinelTOKEN"
+	env := map[string]string{"MAILER_AUTH": token, "MAILER_KEY": "k-Zq7sentinelKEY"}
+	for name, c := range map[string]struct {
+		yaml string
+		env  map[string]string
+	}{
+		"file": {"outbox:\n  destinations: mailer=https://mail.example/send receipts=queue:r\n  headers: |\n    mailer:Authorization=env:MAILER_AUTH\n    mailer:x-api-key=env:MAILER_KEY\n", env},
+		"env": {"", map[string]string{
+			"IDEM_OUTBOX_DESTINATIONS": "mailer=https://mail.example/send receipts=queue:r",
+			"IDEM_OUTBOX_HEADERS":      "mailer:Authorization=env:MAILER_AUTH mailer:x-api-key=env:MAILER_KEY",
+			"MAILER_AUTH":              token, "MAILER_KEY": "k-Zq7sentinelKEY",
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg, err := load(t, c.yaml, c.env)
+			require.NoError(t, err)
+			dests := cfg.RelayConfig().Destinations
+			require.Equal(t, http.Header{"Authorization": {token}, "X-Api-Key": {"k-Zq7sentinelKEY"}}, dests["mailer"].Header)
+			require.Nil(t, dests["receipts"].Header)
+			for _, f := range FieldsOf(cfg) {
+				require.NotContains(t, f.Default, "Zq7sentinel", f.Path)
+			}
+		})
+	}
+	cfg, err := load(t, "", nil)
+	require.NoError(t, err)
+	require.Nil(t, cfg.Outbox.header, "no headers by default")
+}
+
+// TestOutboxHeadersErrors: a bad outbox.headers is refused at start, naming
+// the entry (destination:header) and the variable, never a value.
+func TestOutboxHeadersErrors(t *testing.T) {
+	const secret = "Zq7sentinelTOKEN"
+	dests := "mailer=https://mail.example/send receipts=queue:r"
+	for _, c := range []struct {
+		name, headers string
+		env           map[string]string
+		want          string
+	}{
+		{"unset variable", "mailer:Authorization=env:MAILER_AUTH", nil,
+			"outbox.headers: mailer:Authorization: the environment variable MAILER_AUTH is unset or empty"},
+		{"empty variable", "mailer:Authorization=env:MAILER_AUTH", map[string]string{"MAILER_AUTH": ""},
+			"the environment variable MAILER_AUTH is unset or empty"},
+		{"literal value", "mailer:Authorization=" + secret, nil,
+			"outbox.headers: mailer:Authorization: a value must come from the environment: write mailer:Authorization=env:<VARIABLE>"},
+		{"literal bearer token", "mailer:Authorization=Bearer " + secret, nil, "a literal value is refused"},
+		{"unknown destination", "sms:Authorization=env:SMS_AUTH", map[string]string{"SMS_AUTH": secret},
+			`outbox.headers: sms:Authorization: "sms" is not one of outbox.destinations (mailer, receipts)`},
+		{"queue destination", "receipts:Authorization=env:R_AUTH", map[string]string{"R_AUTH": secret},
+			`outbox.headers: receipts:Authorization: "receipts" is queue:r/1, not an http(s) URL`},
+		{"bad header name", "mailer:X(Key)=env:KEY", map[string]string{"KEY": secret},
+			`outbox.headers: mailer:X(Key): "X(Key)" is not a header name`},
+		{"idem's own header", "mailer:idempotency-key=env:KEY", map[string]string{"KEY": secret},
+			"mailer:idempotency-key: idem or HTTP sets this header itself"},
+		{"header twice", "mailer:X-Key=env:A mailer:x-key=env:B", map[string]string{"A": secret, "B": secret},
+			"mailer:x-key: header given twice"},
+		{"no destination", ":X-Key=env:KEY", map[string]string{"KEY": secret}, `outbox.headers: ":X-Key": want <destination>:<Header-Name>=env:<VARIABLE>`},
+		{"no value", "mailer:X-Key " + secret, nil, "outbox.headers: entry 1: want <destination>:<Header-Name>=env:<VARIABLE>"},
+		{"bad variable name", "mailer:X-Key=env:" + secret + "-1", nil, "mailer:X-Key: env: must be followed by a variable's name"},
+		{"idem variable", "mailer:X-Key=env:IDEM_KEY", nil, "IDEM_* variables are idem's settings"},
+		{"line break in the value", "mailer:X-Key=env:KEY", map[string]string{"KEY": secret + "\r\nX-Evil: 1"},
+			"outbox.headers: mailer:X-Key: the value of KEY holds a line break or another control character"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			env := map[string]string{"IDEM_OUTBOX_DESTINATIONS": dests, "IDEM_OUTBOX_HEADERS": c.headers}
+			maps.Copy(env, c.env)
+			_, err := load(t, "", env)
+			require.ErrorContains(t, err, c.want)
+			require.NotContains(t, err.Error(), secret)
+		})
+	}
+	_, err := load(t, "outbox:\n  headers: mailer:Authorization=env:MAILER_AUTH\n", map[string]string{"MAILER_AUTH": secret})
+	require.ErrorContains(t, err, `"mailer" is not one of outbox.destinations (empty)`)
 }

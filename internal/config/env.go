@@ -118,6 +118,9 @@ func walk(v reflect.Value, prefix string, fn func(path, env string, v reflect.Va
 	t := v.Type()
 	for i := range t.NumField() {
 		f := t.Field(i)
+		if !f.IsExported() {
+			continue // derived from the settings, not one of them
+		}
 		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
 		path := name
 		if prefix != "" {
@@ -151,6 +154,12 @@ func set(v reflect.Value, s string) error {
 	switch v.Kind() {
 	case reflect.String:
 		v.SetString(s)
+	case reflect.Float64:
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+			return fmt.Errorf("%q is not a number; write one such as 0.5", s)
+		}
+		v.SetFloat(f)
 	case reflect.Bool:
 		b, err := strconv.ParseBool(s)
 		if err != nil {

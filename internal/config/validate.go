@@ -149,6 +149,27 @@ func (c Config) validateRanges() error {
 			return bad(r.field, "%s is out of range; want %s to %s", r.v, fmtDuration(r.lo), fmtDuration(r.hi))
 		}
 	}
+	return c.validateKillSwitch()
+}
+
+// validateKillSwitch checks the kill switch's settings; an unused switch's
+// are not checked.
+func (c Config) validateKillSwitch() error {
+	k := c.Consumer
+	switch {
+	case !k.KillSwitch:
+		return nil
+	case k.KillSwitchThreshold < 1 || k.KillSwitchThreshold > 100000:
+		return bad("consumer.kill_switch_threshold", "%d is out of range; want 1 to 100000", k.KillSwitchThreshold)
+	case !(k.KillSwitchRate > 0 && k.KillSwitchRate <= 1):
+		return bad("consumer.kill_switch_rate", "%g is out of range; want above 0 and at most 1 (0.5: half of the window's events)", k.KillSwitchRate)
+	case k.KillSwitchWindow < time.Second || k.KillSwitchWindow > time.Hour:
+		return bad("consumer.kill_switch_window", "%s is out of range; want 1s to 1h", k.KillSwitchWindow)
+	case k.KillSwitchProbeMin < 10*time.Millisecond || k.KillSwitchProbeMin > time.Hour:
+		return bad("consumer.kill_switch_probe_min", "%s is out of range; want 10ms to 1h", k.KillSwitchProbeMin)
+	case k.KillSwitchProbeMax < k.KillSwitchProbeMin || k.KillSwitchProbeMax > 24*time.Hour:
+		return bad("consumer.kill_switch_probe_max", "%s is out of range; want consumer.kill_switch_probe_min (%s) to 1d", k.KillSwitchProbeMax, k.KillSwitchProbeMin)
+	}
 	return nil
 }
 
@@ -178,12 +199,19 @@ func (c Config) validateAgreement() error {
 
 // validateOutbox checks the outbox and relay settings.
 func (c Config) validateOutbox() error {
-	if c.Handler != HandlerPayments && c.Handler != HandlerReceipts {
-		return bad("handler", "%q is not a reference handler; want payments or receipts", c.Handler)
+	if c.Handler != "" && c.Handler != HandlerPayments && c.Handler != HandlerReceipts {
+		return bad("handler", "%q is not a reference handler; want payments or receipts (or nothing: payments)", c.Handler)
 	}
 	dests, err := relay.ParseDestinations(c.Outbox.Destinations)
 	if err != nil {
 		return bad("outbox.destinations", "%v", err)
+	}
+	refs, err := parseHeaders(c.Outbox.Headers)
+	if err != nil {
+		return bad("outbox.headers", "%v", err)
+	}
+	if err := validateHeaders(refs, dests); err != nil {
+		return err
 	}
 	if _, ok := dests[c.Outbox.Emit]; c.Outbox.Emit != "" && len(dests) > 0 && !ok {
 		return bad("outbox.emit", "%q is not one of outbox.destinations (%s)", c.Outbox.Emit, strings.Join(relay.Names(dests), ", "))

@@ -15,12 +15,52 @@ import (
 	"github.com/idemhq/idem/internal/tier"
 )
 
-// Values a key holds: a lease is Pending and its holder's token, a done
-// marker is Done and the committed payload hash in hex.
+// Values a key holds: a lease is Pending, the history its holder last
+// knew, ':' and the holder's token; a done marker is Done, the history the
+// event committed in, ':' and the committed payload hash in hex. Versions
+// before histories wrote Pending+token and Done+hash: such a value reads
+// with no history (tier.History's zero), which confirms nothing.
 const (
 	Pending = "pending:"
 	Done    = "done:"
 )
+
+// LeaseToken returns the token a lease of history h holds, for a holder's
+// own token tok: Pending+LeaseToken is the lease's value, which a release
+// compares whole.
+func LeaseToken(h tier.History, tok string) string { return string(h) + ":" + tok }
+
+// DoneValue returns the done marker of an event that committed with
+// payload hash hash in history h.
+func DoneValue(h tier.History, hash []byte) string {
+	return Done + string(h) + ":" + hex.EncodeToString(hash)
+}
+
+// Parse reads a key's value: a lease (FastPending) or a done marker
+// (FastDone, with its hash), each with the history it names.
+func Parse(v string) (Marker, error) {
+	var m Marker
+	rest, ok := strings.CutPrefix(v, Done)
+	if ok {
+		m.State = tier.FastDone
+		if h, hash, ok := strings.Cut(rest, ":"); ok {
+			m.History, rest = tier.History(h), hash
+		}
+		var err error
+		if m.Hash, err = hex.DecodeString(rest); err != nil || len(m.Hash) == 0 {
+			return Marker{}, fmt.Errorf("bad done marker %q", v)
+		}
+		return m, nil
+	}
+	if rest, ok = strings.CutPrefix(v, Pending); ok {
+		m.State = tier.FastPending
+		if h, _, ok := strings.Cut(rest, ":"); ok {
+			m.History = tier.History(h)
+		}
+		return m, nil
+	}
+	return Marker{}, fmt.Errorf("unexpected value %q", v)
+}
 
 // Key returns the Redis key for an event. Redis keys are binary safe and
 // neither prefix nor scope may contain ':', so any ID maps to one key.
@@ -35,6 +75,9 @@ type Marker struct {
 	State tier.FastState
 	// Hash is the committed payload hash of a done marker.
 	Hash []byte
+	// History is the history the value names: for a done marker, the one
+	// its event committed in; for a lease, the one its holder last knew.
+	History tier.History
 	// TTL is how long the key has left to live.
 	TTL time.Duration
 }
@@ -59,18 +102,10 @@ func Inspect(ctx context.Context, rdb redis.UniversalClient, prefix, scope, id s
 	case err != nil:
 		return Marker{}, fmt.Errorf("inspect %q: %w", key, err)
 	}
-	m := Marker{TTL: ttl.Val()}
-	switch {
-	case strings.HasPrefix(v, Done):
-		m.State = tier.FastDone
-		m.Hash, err = hex.DecodeString(v[len(Done):])
-		if err != nil {
-			return Marker{}, fmt.Errorf("inspect %q: bad done marker %q", key, v)
-		}
-	case strings.HasPrefix(v, Pending):
-		m.State = tier.FastPending
-	default:
-		return Marker{}, fmt.Errorf("inspect %q: unexpected value %q", key, v)
+	m, err := Parse(v)
+	if err != nil {
+		return Marker{}, fmt.Errorf("inspect %q: %w", key, err)
 	}
+	m.TTL = ttl.Val()
 	return m, nil
 }

@@ -2,7 +2,9 @@
 // it stands: its place among the shards (idem_shard) and the partition
 // count of each stream (idem_stream). Consumers and publishers check both
 // at start, so that a reordered shard list or a publisher with another
-// partition count is refused instead of losing events.
+// partition count is refused instead of losing events. A process that
+// does not migrate at start also checks that its migration sets are
+// applied (CheckMigrated).
 package layout
 
 import (

@@ -8,6 +8,8 @@
 //   - URL query parameters whose name says they hold a credential
 //     (?access_token=…, &X-Amz-Signature=…, &apiKey=…): an HTTP
 //     destination's URL, and the net/http errors that quote it;
+//   - HTTP header values an HTTP destination is configured with (a bearer
+//     token, an API key), literally, and their credentials alone;
 //   - and, for text that mangles those shapes (a parser's error quoting a
 //     fragment), every secret found in the configured URLs, literally.
 package redact
@@ -68,6 +70,20 @@ func (r *Redactor) Add(conns ...string) {
 	for _, c := range conns {
 		found = append(found, Secrets(c)...)
 	}
+	r.learn(found)
+}
+
+// AddValues learns secrets given as they are, such as HTTP header values
+// (see ValueSecrets).
+func (r *Redactor) AddValues(values ...string) {
+	var found []string
+	for _, v := range values {
+		found = append(found, ValueSecrets(v)...)
+	}
+	r.learn(found)
+}
+
+func (r *Redactor) learn(found []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, s := range found {
@@ -149,6 +165,49 @@ func URL(u string) string {
 		p.RawQuery = strings.Join(params, "&")
 	}
 	return String(p.String())
+}
+
+// ValueSecrets returns the secrets in a value given as it is, such as an
+// HTTP header's: the whole value and, for "<scheme> <credentials>" (an
+// Authorization header's "Bearer <token>"), the credentials alone, which an
+// answer may quote without their scheme.
+func ValueSecrets(v string) []string {
+	v = strings.TrimSpace(v)
+	out := []string{v}
+	if _, cred, ok := strings.Cut(v, " "); ok {
+		if cred = strings.TrimSpace(cred); cred != "" {
+			out = append(out, cred)
+		}
+	}
+	return out
+}
+
+// Values returns s with each of values (see ValueSecrets) masked where it
+// appears whole, and a start of one, minLiteral bytes or longer, that ends
+// s: s may be the start of a longer text (a response's body, read up to a
+// limit) that cut one in two.
+func Values(s string, values ...string) string {
+	var secrets []string
+	for _, v := range values {
+		for _, secret := range ValueSecrets(v) {
+			if len(secret) >= minLiteral {
+				secrets = append(secrets, secret)
+			}
+		}
+	}
+	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
+	for _, secret := range secrets {
+		s = strings.ReplaceAll(s, secret, Mask)
+	}
+	for _, secret := range secrets {
+		for n := len(secret) - 1; n >= minLiteral; n-- {
+			if strings.HasSuffix(s, secret[:n]) {
+				s = s[:len(s)-n] + Mask
+				break
+			}
+		}
+	}
+	return s
 }
 
 // Secrets returns the secrets in one connection string, in every spelling

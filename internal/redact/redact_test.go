@@ -109,3 +109,23 @@ func TestAnHTTPErrorQuotingTheURLIsMasked(t *testing.T) {
 	// Ordinary key=value text (a log line's attributes) is no URL query.
 	require.Equal(t, "msg=sent key=user_1 token_count=3", String("msg=sent key=user_1 token_count=3"))
 }
+
+// TestHeaderValuesAreMaskedWholeAndAlone: an HTTP destination's header
+// value is a secret as it is, and its credentials without their scheme (an
+// answer that says "bad token <token>"), even when a cut took its end.
+func TestHeaderValuesAreMaskedWholeAndAlone(t *testing.T) {
+	const bearer = "Bearer " + sentinel
+	for in, want := range map[string]string{
+		"refused " + bearer:                 "refused " + Mask,
+		"bad token " + sentinel + ", sorry": "bad token " + Mask + ", sorry",
+		"cut at " + sentinel[:6]:            "cut at " + Mask,
+		"cut at Zq7":                        "cut at Zq7", // shorter than minLiteral: ordinary text
+		"nothing secret":                    "nothing secret",
+	} {
+		require.Equal(t, want, Values(in, bearer, "k1"), in)
+	}
+	r := New()
+	r.AddValues(bearer)
+	require.Equal(t, "level=WARN err=\"http 401: "+Mask+"\" again "+Mask, r.String("level=WARN err=\"http 401: "+bearer+"\" again "+sentinel))
+	require.Equal(t, "Bearer tokens are checked", r.String("Bearer tokens are checked"), "the scheme alone is no secret")
+}

@@ -7,8 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/idemhq/idem/pkg/outbox"
 )
 
 type execer interface {
@@ -62,7 +60,7 @@ func List(ctx context.Context, db queryer, f Filter) ([]Message, error) {
 		var m Message
 		err := r.Scan(&m.ID, &m.Scope, &m.EventID, &m.Index, &m.Destination, &m.Key, &m.Type, &m.State, &m.Attempts,
 			&m.LastError, &m.CreatedAt, &m.SentAt, &m.Body)
-		m.MessageID = outbox.ID(m.Scope, m.EventID, m.Index)
+		m.MessageID = MessageID(m.Scope, m.EventID, m.Index)
 		return m, err
 	})
 	if err != nil {

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"fmt"
+	"net/http"
 	"net/url"
 	"sort"
 	"strconv"
@@ -35,6 +36,14 @@ type Destination struct {
 	Exchange, RoutingKey string
 	// URL is the HTTP destination's endpoint.
 	URL string
+	// Header is added to each of the HTTP destination's requests (a
+	// bearer token, an API key). Its values are secrets: never logged,
+	// stored or quoted in an error.
+	Header http.Header
+	// Request, if set, is called on each HTTP request just before it is
+	// sent, after idem's headers are set (to sign it, say). An error fails
+	// that attempt, to be tried again.
+	Request func(*http.Request) error
 }
 
 // String describes d for logs and errors; an HTTP destination's URL has its

@@ -84,12 +84,24 @@ func (s *httpSender) send(ctx context.Context, d Destination, w *row) result {
 	if err != nil {
 		return result{err: fmt.Errorf("http: %w", redactURL(err)), final: true}
 	}
+	for k, vs := range d.Header { // first: idem's own headers win
+		// A copy: a request hook that adds to it never writes into the
+		// destination's, which every concurrent request shares.
+		ck := http.CanonicalHeaderKey(k)
+		req.Header[ck] = append(req.Header[ck], vs...)
+	}
 	req.Header.Set("Content-Type", w.ctype)
 	req.Header.Set("Idempotency-Key", w.messageID())
 	if w.typ != "" {
 		req.Header.Set("X-Idem-Type", w.typ)
 	}
 	req.Header.Set("X-Idem-Event-Id", w.eventID)
+	if d.Request != nil {
+		if err := d.Request(req); err != nil {
+			// Stored and logged: masked, should it quote a header.
+			return result{err: fmt.Errorf("http: the destination's request hook: %s", redact.Values(err.Error(), headerValues(d.Header)...))}
+		}
+	}
 	resp, err := s.client.Do(req)
 	if err != nil && ctx.Err() != nil {
 		// The pass ended (its bound, or shutdown): not the destination's
@@ -100,7 +112,7 @@ func (s *httpSender) send(ctx context.Context, d Destination, w *row) result {
 		return result{err: fmt.Errorf("http: %w", redactURL(err))}
 	}
 	defer resp.Body.Close()
-	snippet := readSnippet(resp.Body)
+	snippet := readSnippet(resp.Body, d.Header)
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20)) // let the connection be reused
 	code := resp.StatusCode
 	switch {
@@ -118,11 +130,22 @@ const snippetLen = 200
 
 // readSnippet reads the start of a response's body for its error, as text
 // a Postgres text column takes: valid UTF-8 (the cut may fall inside a
-// character; a binary body is not text) and without NUL bytes.
-func readSnippet(body io.Reader) string {
+// character; a binary body is not text) and without NUL bytes. The values
+// of header, the destination's own headers, are masked (an answer may
+// quote the token it refused), even one the cut falls inside.
+func readSnippet(body io.Reader, header http.Header) string {
 	b, _ := io.ReadAll(io.LimitReader(body, snippetLen))
 	s := strings.ReplaceAll(strings.ToValidUTF8(string(b), ""), "\x00", "")
-	return strings.TrimSpace(s)
+	return strings.TrimSpace(redact.Values(s, headerValues(header)...))
+}
+
+// headerValues lists a destination's header values: secrets.
+func headerValues(h http.Header) []string {
+	var out []string
+	for _, vs := range h {
+		out = append(out, vs...)
+	}
+	return out
 }
 
 // redactURL masks the credentials in the URL a net/http error quotes

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/internal/layout"
+	"github.com/idemhq/idem/internal/pgerr"
 )
 
 // ErrDestinationPartitions is returned by CheckPartitions when a queue
@@ -39,4 +42,28 @@ func CheckPartitions(ctx context.Context, db *pgxpool.Pool, dests map[string]Des
 		}
 	}
 	return nil
+}
+
+// AwaitPartitions is CheckPartitions at a relay's start: it waits (up to
+// timeout, logging, with pgerr.Wait) for a database that is not up yet,
+// and returns a mismatch at once, as it is. on names the database in
+// logs ("on shard 1"), or is empty.
+func AwaitPartitions(ctx context.Context, db *pgxpool.Pool, dests map[string]Destination, timeout time.Duration, on string, log *slog.Logger) error {
+	what := "checking the outbox's queue destinations against their streams' partition counts"
+	if on != "" {
+		what += " " + on
+	}
+	var mismatch error
+	err := pgerr.Wait(ctx, timeout, what, log, func(ctx context.Context) error {
+		err := CheckPartitions(ctx, db, dests)
+		if errors.Is(err, ErrDestinationPartitions) {
+			mismatch = err // not the database's fault: no retry, and said as it is
+			return nil
+		}
+		return err
+	})
+	if mismatch != nil {
+		return mismatch
+	}
+	return err
 }

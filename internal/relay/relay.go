@@ -1,5 +1,7 @@
 // Package relay publishes the outbox (package outbox's idem_outbox rows) to
-// their destinations: idem relay, and outbox.relay in idem consume.
+// their destinations: the loop of outbox.Relay (which the front door runs
+// with idem.Config.Outbox), of idem relay, and of outbox.relay in idem
+// consume.
 //
 // A pass takes a few lanes (rows of idem_outbox_lane, FOR UPDATE SKIP
 // LOCKED, so that relays share the lanes out), claims the oldest pending
@@ -18,6 +20,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,7 +29,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/internal/step"
-	"github.com/idemhq/idem/pkg/outbox"
 )
 
 // maxPassBackoff caps the wait after a pass that could not reach the
@@ -78,6 +80,10 @@ type Config struct {
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
+
+// TxBound is the longest a pass's transaction lasts (PublishTimeout and a
+// second): the session bound (pgsession.Bounds.Tx) of a pool a relay uses.
+func (c Config) TxBound() time.Duration { return c.WithDefaults().PublishTimeout + passSlack }
 
 // WithDefaults returns c with its zero tuning fields set to their defaults.
 func (c Config) WithDefaults() Config {
@@ -151,15 +157,19 @@ func (r *Relay) Ready() error {
 	return r.amqp.lastRefusal()
 }
 
-// Run relays until ctx ends. It returns nil then; other errors come only
-// from the start.
+// Run relays until ctx ends. It returns nil then, once its helpers (the
+// listener, retention, the metrics' watch) have ended; other errors come
+// only from the start.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.amqp.closeAll()
+	hctx, stopHelpers := context.WithCancel(ctx)
+	var helpers sync.WaitGroup
+	defer func() { stopHelpers(); helpers.Wait() }()
 	wake := make(chan struct{}, 1)
-	go listen(ctx, r.cfg.DB, wake, r.log)
-	go r.retain(ctx)
+	helpers.Go(func() { listen(hctx, r.cfg.DB, wake, r.log) })
+	helpers.Go(func() { r.retain(hctx) })
 	if r.cfg.Metrics != nil {
-		go r.cfg.Metrics.watch(ctx, r.cfg.DB, r.log)
+		helpers.Go(func() { r.cfg.Metrics.watch(hctx, r.cfg.DB, r.log) })
 	}
 	backoff := r.cfg.BackoffMin
 	idle := 0      // passes in a row that found nothing
@@ -231,7 +241,7 @@ type row struct {
 	age                          time.Duration // at the claim, by the database's clock
 }
 
-func (w *row) messageID() string { return outbox.ID(w.scope, w.eventID, w.idx) }
+func (w *row) messageID() string { return MessageID(w.scope, w.eventID, w.idx) }
 
 // result is how a row's publish ended.
 type result struct {

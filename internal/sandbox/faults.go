@@ -101,6 +101,17 @@ func (l *Link) CutAfter(bytes int) error {
 	return l.addStream("limit_data", "upstream", fmt.Sprintf(`{"bytes": %d}`, bytes))
 }
 
+// Repoint sends the link to upstream (host:port) instead, on the same
+// address: the connections open now close, and new ones reach upstream, as
+// when a virtual address or a DNS name moves to another server. The
+// link's faults stay on.
+func (l *Link) Repoint(upstream string) error {
+	if err := l.proxy.Update(&toxiproxy.Proxy{Listen: l.Addr(), Upstream: upstream, Enabled: true}); err != nil {
+		return fmt.Errorf("sandbox: repoint %s to %s: %w", l.name, upstream, err)
+	}
+	return nil
+}
+
 // Heal removes every fault; connections a fault closed stay closed (a
 // blackhole's included, see Blackhole), the others flow again.
 func (l *Link) Heal() error {

@@ -43,16 +43,9 @@ func StartPostgres(parent string) (*Postgres, error) {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	s := &Postgres{Port: port, dir: dir, bin: bin}
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, fmt.Errorf("sandbox: running as root and there is no postgres user for initdb: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			return nil, fmt.Errorf("sandbox: %w", err)
-		}
+	if err := chownToPostgres(dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
 	}
 	if out, err := s.run(filepath.Join(bin, "initdb"), "-D", s.data(), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync").CombinedOutput(); err != nil {
 		os.RemoveAll(dir)
@@ -102,6 +95,76 @@ func (s *Postgres) Remove() {
 }
 
 func (s *Postgres) data() string { return filepath.Join(s.dir, "data") }
+
+// BaseBackup copies the running cluster with pg_basebackup, its WAL
+// streamed along, into a new cluster, which it does not start. Started, the
+// copy replays to the end of the backup and leaves recovery on a timeline
+// of its own, as a point-in-time restore does, or a standby promoted after
+// its primary's last transactions were lost: the same system identifier, a
+// new timeline, and nothing the original committed after the backup. It has
+// a port of its own; set Port to the original's before Start to take the
+// original's place.
+func (s *Postgres) BaseBackup() (*Postgres, error) {
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(filepath.Dir(s.dir), "idem-pg-")
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	b := &Postgres{Port: port, dir: dir, bin: s.bin}
+	if err := chownToPostgres(dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if out, err := b.run(filepath.Join(s.bin, "pg_basebackup"), "-h", "127.0.0.1", "-p", strconv.Itoa(s.Port), "-U", "postgres",
+		"-D", b.data(), "-X", "stream", "-c", "fast", "--no-sync").CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("sandbox: pg_basebackup: %v\n%s", err, out)
+	}
+	// Archive recovery (recovery.signal) from the WAL in the backup alone:
+	// a restore_command that finds nothing ends it at the backup's last
+	// record, on a new timeline.
+	script := fmt.Sprintf(`touch %[1]s/recovery.signal && echo "restore_command = 'false'" >> %[1]s/postgresql.auto.conf`, b.data())
+	if out, err := b.run("sh", "-c", script).CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("sandbox: prepare recovery: %v\n%s", err, out)
+	}
+	return b, nil
+}
+
+// Tool returns the path of one of the installed PostgreSQL programs
+// (pg_dump, pg_restore…), of the same version as the sandbox's servers.
+func Tool(name string) (string, error) {
+	bin := pgBinDir()
+	if bin == "" {
+		return "", ErrNoInitdb
+	}
+	p := filepath.Join(bin, name)
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("sandbox: %w", err)
+	}
+	return p, nil
+}
+
+// chownToPostgres gives dir to the postgres user when running as root,
+// since initdb, pg_ctl and the server refuse root.
+func chownToPostgres(dir string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return fmt.Errorf("sandbox: running as root and there is no postgres user for initdb: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if err := os.Chown(dir, uid, gid); err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	return nil
+}
 
 func (s *Postgres) ctl(args ...string) error {
 	args = append([]string{"-D", s.data()}, args...)

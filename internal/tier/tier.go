@@ -23,7 +23,8 @@ const (
 	// event right now, or it may have crashed: go to the store, which
 	// serialises the two.
 	FastPending
-	// FastDone: the event committed before, with payload hash Hash.
+	// FastDone: the event committed before, with payload hash Hash, in
+	// the store's history History.
 	FastDone
 )
 
@@ -44,7 +45,10 @@ type FastResult struct {
 	State FastState
 	Token string // the caller's lease token, when State is FastAcquired
 	Hash  []byte // the committed payload hash, when State is FastDone
-	Err   error  // why the tier was skipped, when State is FastSkipped
+	// History is the history a done marker names, when State is
+	// FastDone: the marker is true only while the store still reports it.
+	History History
+	Err     error // why the tier was skipped, when State is FastSkipped
 }
 
 // Lease names a lease that a Claim acquired.
@@ -133,4 +137,21 @@ func WithApply(ctx context.Context, a *Apply) context.Context {
 func ApplyFrom(ctx context.Context) (*Apply, bool) {
 	a, ok := ctx.Value(applyKey{}).(*Apply)
 	return a, ok
+}
+
+type destinationsKey struct{}
+
+// WithDestinations returns ctx carrying the outbox destinations a service
+// declared (the front door's Config.Outbox), so that outbox.Enqueue
+// refuses a message To any other inside the handler's transaction.
+func WithDestinations(ctx context.Context, names map[string]bool) context.Context {
+	return context.WithValue(ctx, destinationsKey{}, names)
+}
+
+// DestinationsFrom returns the destinations ctx carries; false when no
+// service declared them (a guard used alone, or the binary), and no
+// destination is refused.
+func DestinationsFrom(ctx context.Context) (map[string]bool, bool) {
+	names, ok := ctx.Value(destinationsKey{}).(map[string]bool)
+	return names, ok
 }

@@ -71,6 +71,10 @@ const (
 	// RequeueNoOutcome: the guard returned no outcome for the delivery,
 	// which it never should; it is handed back rather than acked.
 	RequeueNoOutcome = "no_outcome"
+	// RequeueKillSwitch: the consumer's kill switch is open (distinct
+	// events all fail the same way: the deploy, not the event), so the
+	// delivery goes back to the queue without spending its attempts.
+	RequeueKillSwitch = "kill_switch"
 )
 
 // Counters passed to consumer.Observer.Count.
@@ -101,6 +105,11 @@ const (
 	// dropped during the handshake, each retried; consumer.Stats.Refused
 	// says whether the last one was.
 	CounterBrokerRefused = "broker_refusals"
+	// CounterKillSwitchTrips counts the times the kill switch tripped:
+	// distinct events failed the same way, and the consumer stopped taking
+	// deliveries (consumer.KillSwitch); consumer.Stats.Tripped says whether it
+	// is open now.
+	CounterKillSwitchTrips = "kill_switch_trips"
 )
 
 // Headers set on dead-lettered messages.
@@ -138,5 +147,5 @@ func Reasons() []string {
 // Counters lists every Counter*, for metrics that want a zero for each.
 func Counters() []string {
 	return []string{CounterStoreRetry, CounterUntimedAccepted, CounterBatchSplit, CounterDeferred,
-		CounterReconnect, CounterDeadLetterReturned, CounterPublishBlocked, CounterBrokerRefused}
+		CounterReconnect, CounterDeadLetterReturned, CounterPublishBlocked, CounterBrokerRefused, CounterKillSwitchTrips}
 }

@@ -56,6 +56,9 @@ func (h *hold) over(first time.Time, d time.Duration) bool {
 // the queue without). With KeyOrder, the items of a key held after a
 // hand-back go back to the queue first (passHeld).
 func (w *worker[T]) handle(ctx context.Context, items []item[T], h *hold) {
+	if w.handBackTripped(ctx, items) {
+		return
+	}
 	if items = w.passHeld(ctx, items); len(items) == 0 {
 		return
 	}
@@ -96,10 +99,29 @@ func (w *worker[T]) handle(ctx context.Context, items []item[T], h *hold) {
 			return
 		}
 		it := items[0]
-		switch {
-		case verdict == deadLetterNow:
+		if verdict == deadLetterNow {
 			w.deadLetter(ctx, it, reason, err)
 			return
+		}
+		suspect := false
+		switch w.c.kill.failed(it.ev.ID, failureClass(reason, err), truncate(err.Error(), maxErrorHeader)) {
+		case killOpen:
+			// Distinct events fail this way: the deploy's fault, not this
+			// event's. It goes back unspent, and the session ends.
+			w.handBack(ctx, it, wire.RequeueKillSwitch, err)
+			w.trip()
+			return
+		case killSuspect:
+			suspect = true
+		}
+		switch {
+		case attempt >= cfg.DeliveryLimit && suspect && attempt < cfg.BrokerDeliveryLimit:
+			// Other events fail the same way: the switch may be about to
+			// trip, and this event is likely as innocent as they are. It
+			// goes on being retried instead of dead-lettered, up to the
+			// broker's own limit.
+			cfg.Logger.Warn("attempts exhausted, but other events fail the same way: retried until the kill switch decides",
+				"event_id", it.ev.ID, "reason", reason, "attempt", attempt, "err", err, "delivery_limit", cfg.DeliveryLimit)
 		case attempt >= cfg.DeliveryLimit:
 			cfg.Logger.Error("attempts exhausted, dead-lettering", "event_id", it.ev.ID, "reason", reason, "attempt", attempt, "err", err, "delivery_limit", cfg.DeliveryLimit)
 			w.deadLetter(ctx, it, reason, err)

@@ -172,6 +172,10 @@ type Config struct {
 	// ConfirmTimeout bounds the wait for a dead-letter publisher confirm.
 	// Defaults to 10s.
 	ConfirmTimeout time.Duration
+	// KillSwitch stops the consumer when distinct events fail the same way
+	// (a broken deploy), instead of dead-lettering the stream; see
+	// KillSwitch for what counts and what the defaults are. On by default.
+	KillSwitch KillSwitch
 	// Observer, if set, sees each delivery's end, the Counter* events and
 	// the batches gathered. For metrics and tracing.
 	Observer Observer
@@ -238,6 +242,7 @@ func (c *Config) setDefaults() {
 	if c.Untimed == "" {
 		c.Untimed = UntimedAuto
 	}
+	c.KillSwitch.setDefaults()
 	if c.Observer == nil {
 		c.Observer = nopObserver{}
 	}
@@ -300,7 +305,14 @@ func (c *Config) validate() error {
 	case c.Prefetch > 65535:
 		return fmt.Errorf("consumer: Prefetch must be at most 65535 (AMQP sends it as 16 bits), got %d", c.Prefetch)
 	}
-	for name, b := range map[string]Backoff{"RetryBackoff": c.RetryBackoff, "ReconnectBackoff": c.ReconnectBackoff} {
+	if err := c.KillSwitch.validate(); err != nil {
+		return err
+	}
+	backoffs := map[string]Backoff{"RetryBackoff": c.RetryBackoff, "ReconnectBackoff": c.ReconnectBackoff}
+	if !c.KillSwitch.Off {
+		backoffs["KillSwitch.Probe"] = c.KillSwitch.Probe
+	}
+	for name, b := range backoffs {
 		if b.Min <= 0 || b.Max < b.Min {
 			return fmt.Errorf("consumer: %s: want 0 < Min <= Max, got Min=%s Max=%s", name, b.Min, b.Max)
 		}

@@ -48,7 +48,8 @@ func New[T any](cfg Config, g *guard.Guard, h Handler[T]) (*Consumer[T], error) 
 	cfg.Logger = cfg.Logger.With("scope", g.Scope())
 	t := broker.TopologyFor(cfg.Queue, cfg.BrokerDeliveryLimit)
 	t.Partitions = cfg.Partitions
-	c := &Consumer[T]{shared: shared[T]{cfg: cfg, guard: g, handler: h, topology: t}, urls: broker.SplitURLs(cfg.URL)}
+	c := &Consumer[T]{shared: shared[T]{cfg: cfg, guard: g, handler: h, topology: t, kill: newKillSwitch(cfg.KillSwitch, cfg.Logger, cfg.Observer)},
+		urls: broker.SplitURLs(cfg.URL)}
 	c.queues = t.Queues()
 	c.strays = t.Strays(cfg.FormerPartitions)
 	if len(cfg.Only) > 0 {
@@ -72,6 +73,7 @@ func (c *Consumer[T]) Stats() Stats {
 	if why := c.refused.Load(); why != nil {
 		s.Refused = *why
 	}
+	s.Tripped, s.TrippedOn = c.kill.state()
 	if m := c.stranded.Load(); m != nil {
 		for _, q := range slices.Sorted(maps.Keys(*m)) {
 			s.Stranded += (*m)[q]
@@ -94,12 +96,16 @@ func (c *Consumer[T]) Stats() Stats {
 // and Stats.Refused says why the consumer is not consuming. When ctx ends
 // it stops taking deliveries, lets in-flight work finish (up to
 // DrainTimeout), acks what committed and closes. It returns nil after a
-// clean drain.
+// clean drain. While the kill switch is open (see KillSwitch) it takes no
+// delivery until the next probe.
 func (c *Consumer[T]) Run(ctx context.Context) error {
 	log := c.cfg.Logger
 	began := time.Now()
 	var refusals broker.Refusals
 	for attempt := 1; ; attempt++ {
+		if !c.kill.awaitProbe(ctx.Done()) {
+			return nil
+		}
 		started := time.Now()
 		err := c.session(ctx)
 		if ctx.Err() != nil {
@@ -117,6 +123,12 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 			return broker.Lasting(err)
 		case starting && time.Since(began) >= c.cfg.StartupTimeout:
 			return fmt.Errorf("%w within StartupTimeout (%s): %w", ErrBrokerUnreachable, c.cfg.StartupTimeout, err)
+		}
+		if errors.Is(err, errTripped) || errors.Is(err, errResumed) {
+			// The kill switch ended the session after a clean drain: the
+			// next one waits for the probe, or takes the full prefetch.
+			attempt = 0
+			continue
 		}
 		if errors.Is(err, errStoreAway) {
 			// Take no delivery while the store is away: wait for it, then
@@ -194,7 +206,14 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	if err := pub.Declare(c.topology.Declare); err != nil {
 		return &declareError{err}
 	}
-	sub, err := c.subscribe(conn)
+	// A probe takes one delivery per queue: one event decides whether the
+	// deploy works again, and a failure hands back that one alone.
+	probe := c.kill.probing()
+	prefetch := max(1, c.cfg.Prefetch/len(c.queues))
+	if probe {
+		prefetch = 1
+	}
+	sub, err := c.subscribe(conn, prefetch)
 	if err != nil {
 		return err
 	}
@@ -204,8 +223,12 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	defer func() { stopWatching(); <-watched }()
 	c.consumed.Store(true)
 	c.refused.Store(nil)
-	c.cfg.Logger.Info("consuming", "queues", c.queues, "node", node+1, "prefetch", c.cfg.Prefetch, "workers", c.cfg.Workers,
-		"batch_size", c.cfg.BatchSize, "batch_linger", c.cfg.BatchLinger)
+	if probe {
+		c.cfg.Logger.Info("consuming a probe", "queues", c.queues, "node", node+1, "prefetch", 1)
+	} else {
+		c.cfg.Logger.Info("consuming", "queues", c.queues, "node", node+1, "prefetch", c.cfg.Prefetch, "workers", c.cfg.Workers,
+			"batch_size", c.cfg.BatchSize, "batch_linger", c.cfg.BatchLinger)
+	}
 
 	// In-flight work outlives ctx by up to DrainTimeout, so that SIGTERM
 	// finishes and acks what it can instead of abandoning it.
@@ -214,17 +237,24 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	// stop ends backoff waits as soon as shutdown begins or the session fails.
 	stop, stopWaits := context.WithCancel(ctx)
 	defer stopWaits()
-	away := make(chan struct{})
-	var awayOnce sync.Once
-	w := &worker[T]{c: &c.shared, storeAway: func() { awayOnce.Do(func() { close(away) }) }, dl: &deadLetterer{pub: pub}, acker: newAcker(sub.ch), stop: stop, queueOf: sub.queueOf,
+	ends := sessionEnds{away: make(chan struct{}), tripped: make(chan struct{}), resumed: make(chan struct{})}
+	w := &worker[T]{c: &c.shared, storeAway: onceCloser(ends.away), trip: onceCloser(ends.tripped), resume: onceCloser(ends.resumed),
+		tripped: ends.tripped, dl: &deadLetterer{pub: pub}, acker: newAcker(sub.ch), stop: stop, queueOf: sub.queueOf,
 		letters: make(chan letter[T], c.cfg.Prefetch)}
 	c.live.Store(w.acker)
 	defer c.live.Store(nil)
 	workersDone := w.start(workCtx, sub.deliveries)
 
-	cause := c.awaitEnd(ctx, connClosed, pub, sub, workersDone, away)
+	cause := c.awaitEnd(ctx, connClosed, pub, sub, workersDone, ends)
+	// The kill switch ends a session as shutdown does: the consumers are
+	// cancelled, and what the workers hold drains (after a trip, each
+	// delivery goes back to the queue untried, and with KeyOrder its key
+	// held), so that nothing the session settled is redelivered.
+	graceful := cause == nil || errors.Is(cause, errTripped) || errors.Is(cause, errResumed)
 	if cause != nil {
 		stopWaits()
+	}
+	if !graceful {
 		// Close the consume channel so deliveries closes and the workers
 		// return; their unacked deliveries go back to the queue.
 		_ = sub.ch.Close()
@@ -245,7 +275,7 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		cancelWork()
 		<-workersDone
 	}
-	if cause != nil {
+	if !graceful {
 		return cause
 	}
 	w.acker.flush()
@@ -254,8 +284,23 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	if err := conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
 		return fmt.Errorf("close: %w", err)
 	}
+	if cause != nil {
+		return cause
+	}
 	c.cfg.Logger.Info("drained and closed", "queues", c.queues)
 	return nil
+}
+
+// sessionEnds are what a session's workers close to end it: the store stayed
+// away, the kill switch tripped, or a probe closed it.
+type sessionEnds struct {
+	away, tripped, resumed chan struct{}
+}
+
+// onceCloser returns a func that closes ch, safe to call more than once.
+func onceCloser(ch chan struct{}) func() {
+	var once sync.Once
+	return func() { once.Do(func() { close(ch) }) }
 }
 
 // openPublisher opens a session's publishing side: a connection of its own,
@@ -291,7 +336,9 @@ type subscription struct {
 	cancelled chan string
 }
 
-func (c *Consumer[T]) subscribe(conn *amqp.Connection) (*subscription, error) {
+// subscribe consumes every queue on one channel, prefetch deliveries per
+// queue.
+func (c *Consumer[T]) subscribe(conn *amqp.Connection, prefetch int) (*subscription, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("open consume channel: %w", err)
@@ -299,7 +346,7 @@ func (c *Consumer[T]) subscribe(conn *amqp.Connection) (*subscription, error) {
 	s := &subscription{ch: ch, closed: ch.NotifyClose(make(chan *amqp.Error, 1)), queueOf: map[string]string{}}
 	// Quorum queues take no channel-wide (global) prefetch: each queue's
 	// consumer gets its share, so the channel holds at most Prefetch.
-	if err := ch.Qos(max(1, c.cfg.Prefetch/len(c.queues)), 0, false); err != nil {
+	if err := ch.Qos(prefetch, 0, false); err != nil {
 		return nil, fmt.Errorf("set prefetch: %w", err)
 	}
 	var sources []<-chan amqp.Delivery
@@ -355,15 +402,24 @@ func (w *worker[T]) start(ctx context.Context, deliveries <-chan amqp.Delivery) 
 // awaitEnd waits for shutdown (nil: it cancels the consumers, and the
 // library then closes the deliveries) or for what ends the session (its
 // cause).
-func (c *Consumer[T]) awaitEnd(ctx context.Context, connClosed chan *amqp.Error, pub *broker.Publisher, sub *subscription, workersDone, storeAway <-chan struct{}) error {
-	select {
-	case <-ctx.Done():
+func (c *Consumer[T]) awaitEnd(ctx context.Context, connClosed chan *amqp.Error, pub *broker.Publisher, sub *subscription, workersDone <-chan struct{}, ends sessionEnds) error {
+	cancel := func() {
 		for tag := range sub.queueOf {
 			if err := sub.ch.Cancel(tag, false); err != nil {
 				c.cfg.Logger.Warn("cancel consumer", "err", err)
 			}
 		}
+	}
+	select {
+	case <-ctx.Done():
+		cancel()
 		return nil
+	case <-ends.tripped:
+		cancel()
+		return errTripped
+	case <-ends.resumed:
+		cancel()
+		return errResumed
 	case e := <-connClosed:
 		return fmt.Errorf("connection closed: %w", amqpErr(e))
 	case e := <-sub.closed:
@@ -377,7 +433,7 @@ func (c *Consumer[T]) awaitEnd(ctx context.Context, connClosed chan *amqp.Error,
 		return fmt.Errorf("%w: queue %q", ErrConsumerCancelled, sub.queueOf[tag])
 	case <-workersDone:
 		return errors.New("delivery channel closed")
-	case <-storeAway:
+	case <-ends.away:
 		return errStoreAway
 	}
 }

@@ -77,6 +77,12 @@ type Stats struct {
 	// the consumer retries meanwhile. Empty once a session consumes, or
 	// ends otherwise.
 	Refused string
+	// Tripped says why the kill switch stopped the consumer (see
+	// KillSwitch): how many distinct events failed, with what, and when it
+	// probes next; TrippedOn is the error class (a SQLSTATE such as 42P01,
+	// or a reason such as handler_failed). Empty while the switch is closed.
+	Tripped   string
+	TrippedOn string
 }
 
 type nopObserver struct{}

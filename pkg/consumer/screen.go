@@ -104,13 +104,23 @@ func (w *worker[T]) screenStage(ctx context.Context, batches <-chan []amqp.Deliv
 }
 
 // isClosed reports whether ch is closed.
-func isClosed(ch chan struct{}) bool {
+func isClosed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
 		return true
 	default:
 		return false
 	}
+}
+
+// handBackTripped hands items back untried if the kill switch tripped in
+// this session, and reports whether it did.
+func (w *worker[T]) handBackTripped(ctx context.Context, items []item[T]) bool {
+	if !isClosed(w.tripped) {
+		return false
+	}
+	w.requeueAll(ctx, items, wire.RequeueKillSwitch, w.c.kill.cause())
+	return true
 }
 
 // pass hands s to the deciders, or reports it finished if nothing is left.
@@ -243,6 +253,11 @@ func (w *worker[T]) decide(ctx context.Context, s screened[T]) {
 		if !s.deferred[i] {
 			items = append(items, it)
 		}
+	}
+	if isClosed(w.tripped) {
+		w.c.guard.Abandon(ctx, s.batch)
+		w.handBackTripped(ctx, items)
+		return
 	}
 	if keep := w.passHeld(ctx, items); len(keep) < len(items) {
 		// A key of the batch is held: its items went back to the queue,

@@ -21,13 +21,15 @@ import (
 const maxErrorHeader = 1024
 
 // shared is what a Consumer's workers share of it: its settings, guard,
-// handler and topology, and whether the broker blocks its publishing.
+// handler and topology, whether the broker blocks its publishing, and its
+// kill switch.
 type shared[T any] struct {
 	cfg      Config
 	guard    *guard.Guard
 	handler  Handler[T]
 	topology broker.Topology
 	blocked  blockState
+	kill     *killSwitch
 }
 
 // worker handles deliveries of one session.
@@ -43,6 +45,12 @@ type worker[T any] struct {
 	// storeAway ends the session: a hold ran out with the store still
 	// unreachable. Safe to call more than once.
 	storeAway func()
+	// trip ends the session: the kill switch is open, and every delivery
+	// the workers take from now on goes back to the queue (tripped is
+	// closed). resume ends it once a probe closed the switch. Safe to call
+	// more than once.
+	trip, resume func()
+	tripped      <-chan struct{}
 	// holds are the keys held after a hand-back (Config.KeyOrder).
 	holds keyHolds
 }
@@ -326,6 +334,9 @@ func truncate(s string, n int) string {
 // and reason.
 func (w *worker[T]) settled(ctx context.Context, it item[T], o guard.Outcome, reason string, err error) {
 	c := w.c
+	if o != guard.OutcomeRetry && c.kill.settle(it.ev.ID, o) {
+		w.resume()
+	}
 	s := Settlement{
 		Message:   messageOf(it.d),
 		EventID:   it.ev.ID,
@@ -343,9 +354,14 @@ func (w *worker[T]) settled(ctx context.Context, it item[T], o guard.Outcome, re
 	switch o {
 	case guard.OutcomeRetry:
 		level, msg = slog.LevelWarn, "requeued"
-		if reason == wire.RequeueShutdown {
+		switch reason {
+		case wire.RequeueShutdown:
 			// Expected on every drain that outlasts in-flight work.
 			level, err = slog.LevelInfo, nil
+		case wire.RequeueKillSwitch:
+			// The trip, and each failed probe, said it once for all the
+			// deliveries it hands back.
+			level = slog.LevelDebug
 		}
 	case guard.OutcomeDeadLettered:
 		level, msg = slog.LevelWarn, "dead-lettered"

@@ -21,7 +21,7 @@ func TestAbandonReleasesTheBatchsLeases(t *testing.T) {
 	b, err := f.guard.Screen(ctx, evs)
 	require.NoError(t, err)
 	f.guard.Abandon(ctx, b)
-	for _, r := range f.fast.Claim(ctx, "payments", evs) {
+	for _, r := range f.fast.Claim(ctx, "payments", "", evs) {
 		require.Equal(t, tier.FastAcquired, r.State, "a lease of the abandoned batch was left behind")
 	}
 	require.Zero(t, f.ledgerRows(t, "evt_1"))

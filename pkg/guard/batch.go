@@ -64,6 +64,10 @@ type Batch struct {
 	// doneElsewhere marks events whose ID the fast tier knows as done
 	// with another payload.
 	doneElsewhere map[int]bool
+	// marked holds the events the fast tier knows as done with their own
+	// payload, by the history their marker names, until the store confirms
+	// that history (settle): their outcome is not known before.
+	marked map[int]tier.History
 }
 
 // Leased returns the indexes of the events whose ID another consumer holds a
@@ -88,7 +92,10 @@ func (b *Batch) Defer(idx []int) {
 
 // Screened returns the indexes of the events the fast tier settled as
 // duplicates (OutcomeDuplicateRedis). Their outcome is final and durable:
-// they may be acked at once, before Decide.
+// they may be acked at once, before Decide. A done marker counts only once
+// the store confirmed the history it names, after it was read: Screen
+// confirms it, with one small query, when nothing else of the batch goes to
+// the store; otherwise Decide does, in its claim, and its Results say.
 func (b *Batch) Screened() []int {
 	var out []int
 	for i, r := range b.res {
@@ -102,6 +109,11 @@ func (b *Batch) Screened() []int {
 // Screen is ProcessBatch's first half: it validates events and asks the fast
 // tier about each distinct ID, in one pipeline, taking a lease on the new
 // ones. Call Decide next, always: it releases the leases when it fails.
+//
+// A done marker is trusted only in the history of the store it names, and
+// only once the store reported that history after the marker was read (see
+// Screened): a marker from before a failover or a restore of the database
+// never drops an event the database no longer holds.
 func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 	for _, ev := range events {
 		if err := ev.Validate(); err != nil {
@@ -141,7 +153,7 @@ func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 		}
 	}
 	began := time.Now()
-	answers := g.fast.Claim(ctx, g.scope, fastEvents)
+	answers := g.fast.Claim(ctx, g.scope, g.histories[b.shard].known(), fastEvents)
 	g.obs.ObserveStage(ctx, StageFastClaim, len(fastEvents), time.Since(began), firstFault(answers))
 	byIndex := make(map[int]tier.FastResult, len(uniq))
 	for k, i := range uniq {
@@ -155,16 +167,28 @@ func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 		}
 		step.Reached(ctx, step.FastClaimed)
 	}
+	// An ID whose copies differ from its marker's hash goes to the store
+	// whole, so that a marker the store does not confirm never splits
+	// the copies of one ID over two claims.
+	mixed := map[string]bool{}
+	for i, ev := range events {
+		if a := byIndex[b.first[i]]; a.State == tier.FastDone && !bytes.Equal(a.Hash, ev.Hash) {
+			mixed[ev.ID] = true
+		}
+	}
 	for i, ev := range events {
 		a := byIndex[b.first[i]]
-		if a.State == tier.FastDone && bytes.Equal(a.Hash, ev.Hash) {
-			b.res[i] = Result{Outcome: OutcomeDuplicateRedis}
+		if a.State == tier.FastDone && !mixed[ev.ID] {
+			if b.marked == nil {
+				b.marked = map[int]tier.History{}
+			}
+			b.marked[i] = a.History
 			continue
 		}
 		if a.State == tier.FastPending {
 			b.leased = append(b.leased, i)
 		}
-		if a.State == tier.FastDone {
+		if a.State == tier.FastDone && !bytes.Equal(a.Hash, ev.Hash) {
 			if b.doneElsewhere == nil {
 				b.doneElsewhere = map[int]bool{}
 			}
@@ -175,6 +199,9 @@ func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 		// store holds the hash of record and decides.
 		b.toStore = append(b.toStore, i)
 	}
+	if len(b.marked) > 0 && len(b.toStore) == 0 {
+		g.confirm(ctx, b)
+	}
 	return b, nil
 }
 
@@ -182,10 +209,14 @@ func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 // Screen did not settle and the caller did not Defer. Its results and errors
 // are ProcessBatch's; a deferred event's Result is the zero Result.
 func (g *Guard) Decide(ctx context.Context, b *Batch, apply BatchApplyFunc) ([]Result, error) {
+	if len(b.marked) > 0 && len(b.toStore) == 0 {
+		g.confirm(ctx, b) // what else the batch had was deferred
+	}
 	if len(b.toStore) == 0 {
 		return b.res, nil
 	}
-	if err := g.processInStore(ctx, b.shard, b.events, b.toStore, b.res, apply); err != nil {
+	history, err := g.processInStore(ctx, b, apply)
+	if err != nil {
 		g.release(ctx, leaseList(b.leases))
 		return nil, err
 	}
@@ -213,72 +244,112 @@ func (g *Guard) Decide(ctx context.Context, b *Batch, apply BatchApplyFunc) ([]R
 	}
 	g.release(ctx, release)
 	if g.fast != nil && len(done) > 0 {
-		g.markers.add(done)
+		g.markers.add(history, done)
 	}
 	return b.res, nil
 }
 
-// processInStore is steps 3 to 5 for the events at idx: claim their dedup
-// rows, apply the new ones, commit. It fills in their results. Only the first
-// copy of an ID goes to the store; later copies take their outcome from it.
-func (g *Guard) processInStore(ctx context.Context, shard int, events []Event, idx []int, res []Result, apply BatchApplyFunc) error {
-	reps, copies, rep := firstCopies(events, idx)
-	store := g.stores[shard]
-	named := shard
+// processInStore is steps 3 to 5 for the events of b.toStore: claim their
+// dedup rows, apply the new ones, commit. It fills in their results, and
+// returns the history the store reported in the claim: the one the rows
+// committed in (or were found in). The claim also confirms b's marked
+// events; those whose marker names another history join b.toStore. Only the
+// first copy of an ID goes to the store; later copies take their outcome
+// from it.
+func (g *Guard) processInStore(ctx context.Context, b *Batch, apply BatchApplyFunc) (tier.History, error) {
+	named := b.shard
 	if len(g.stores) == 1 {
 		named = -1
 	}
-	storeErr := func(op StoreOp, err error) *StoreError { return &StoreError{Op: op, Err: err, Shard: named} }
+	tx, claimed, history, err := g.beginClaim(ctx, b, named)
+	if err != nil {
+		return "", err
+	}
+	if late := g.settle(ctx, b, history); len(late) > 0 {
+		// Their rows are claimed with the others, in one statement and a
+		// new transaction: a second statement in this one would lock rows
+		// out of ID order, and two batches could deadlock. Rare: once per
+		// key after the database's history changed.
+		rollback(ctx, tx)
+		b.toStore = append(b.toStore, late...)
+		slices.Sort(b.toStore)
+		if tx, claimed, history, err = g.beginClaim(ctx, b, named); err != nil {
+			return "", err
+		}
+	}
+	defer rollback(ctx, tx)
+	if len(claimed) == 0 {
+		return history, nil // nothing to apply or commit; the deferred rollback ends tx
+	}
+	slices.Sort(claimed)
+	if err := g.applyAndCommit(ctx, tx, b.events, claimed, apply, named); err != nil {
+		return "", err
+	}
+	for _, i := range claimed {
+		b.res[i] = Result{Outcome: OutcomeProcessed}
+		step.Reached(ctx, step.Committed)
+	}
+	for _, i := range b.toStore {
+		if b.res[i].Outcome == OutcomeDuplicateBatch {
+			step.Reached(ctx, step.Committed) // its first copy's row committed
+		}
+	}
+	return history, nil
+}
+
+// beginClaim begins a transaction on b's store and claims the rows of
+// b.toStore in it: step 3. It returns the transaction, open, the first
+// copies whose rows it inserted, and the store's history. Its error is a
+// *StoreError naming shard named; the transaction is then over.
+func (g *Guard) beginClaim(ctx context.Context, b *Batch, named int) (pgx.Tx, []int, tier.History, error) {
+	store := g.stores[b.shard]
 	began := time.Now()
 	tx, err := store.Begin(ctx)
 	if err != nil {
-		err = storeErr(StoreBegin, err)
-		g.obs.ObserveStage(ctx, StageStoreClaim, len(reps), time.Since(began), err)
-		return err
+		err = &StoreError{Op: StoreBegin, Err: err, Shard: named}
+		g.obs.ObserveStage(ctx, StageStoreClaim, len(b.toStore), time.Since(began), err)
+		return nil, nil, "", err
 	}
-	defer rollback(ctx, tx)
+	claimed, history, err := g.claimRows(ctx, store, tx, b, b.toStore)
+	if err != nil {
+		rollback(ctx, tx)
+		err = &StoreError{Op: StoreClaim, Err: err, Shard: named}
+	}
+	g.obs.ObserveStage(ctx, StageStoreClaim, len(b.toStore), time.Since(began), err)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	g.histories[b.shard].saw(ctx, g.log, b.shard, history)
+	return tx, claimed, history, nil
+}
 
-	claims, err := g.claim(ctx, store, tx, events, reps)
+// claimRows claims, in tx, the dedup rows of the events at idx (every copy
+// of each of their IDs) and fills in their results. It returns the first
+// copies whose rows it inserted, which are to be applied, and the store's
+// history.
+func (g *Guard) claimRows(ctx context.Context, store Store, tx pgx.Tx, b *Batch, idx []int) ([]int, tier.History, error) {
+	reps, copies, rep := firstCopies(b.events, idx)
+	claims, history, err := g.claim(ctx, store, tx, b.events, reps)
 	if err != nil {
-		err = storeErr(StoreClaim, err)
-	}
-	g.obs.ObserveStage(ctx, StageStoreClaim, len(reps), time.Since(began), err)
-	if err != nil {
-		return err
+		return nil, "", err
 	}
 	var claimed []int
 	for _, i := range reps {
-		res[i] = claimResult(claims[i])
+		b.res[i] = claimResult(claims[i])
 		if claims[i] == tier.ClaimInserted {
 			claimed = append(claimed, i)
 		}
 	}
-	if unknown := copyResults(events, copies, rep, claims, res); len(unknown) > 0 {
-		more, err := g.claim(ctx, store, tx, events, unknown)
+	if unknown := copyResults(b.events, copies, rep, claims, b.res); len(unknown) > 0 {
+		more, _, err := g.claim(ctx, store, tx, b.events, unknown)
 		if err != nil {
-			return storeErr(StoreClaim, err)
+			return nil, "", err
 		}
 		for _, i := range unknown {
-			res[i] = claimResult(more[i])
+			b.res[i] = claimResult(more[i])
 		}
 	}
-	if len(claimed) == 0 {
-		return nil // nothing to apply or commit; the deferred rollback ends tx
-	}
-	slices.Sort(claimed)
-	if err := g.applyAndCommit(ctx, tx, events, claimed, apply, named); err != nil {
-		return err
-	}
-	for _, i := range claimed {
-		res[i] = Result{Outcome: OutcomeProcessed}
-		step.Reached(ctx, step.Committed)
-	}
-	for _, i := range copies {
-		if res[i].Outcome == OutcomeDuplicateBatch {
-			step.Reached(ctx, step.Committed) // its first copy's row committed
-		}
-	}
-	return nil
+	return claimed, history, nil
 }
 
 // firstCopies splits the events at idx into the first copy of each ID
@@ -354,23 +425,23 @@ func (g *Guard) applyAndCommit(ctx context.Context, tx pgx.Tx, events []Event, c
 
 // claim claims the dedup rows of the events at idx (distinct IDs) in event
 // ID order, so that two batches lock shared rows in one order, and returns
-// the store's answer by event index.
-func (g *Guard) claim(ctx context.Context, store Store, tx pgx.Tx, events []Event, idx []int) (map[int]tier.ClaimResult, error) {
+// the store's answer by event index, with the store's history.
+func (g *Guard) claim(ctx context.Context, store Store, tx pgx.Tx, events []Event, idx []int) (map[int]tier.ClaimResult, tier.History, error) {
 	order := slices.Clone(idx)
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(events[a].ID, events[b].ID) })
 	batch := make([]Event, len(order))
 	for k, i := range order {
 		batch[k] = events[i]
 	}
-	claims, err := store.Claim(ctx, tx, g.scope, batch)
+	claims, history, err := store.Claim(ctx, tx, g.scope, batch)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	out := make(map[int]tier.ClaimResult, len(order))
 	for k, i := range order {
 		out[i] = claims[k]
 	}
-	return out, nil
+	return out, history, nil
 }
 
 // claimResult is the outcome a store answer gives an event, before commit.
@@ -403,4 +474,47 @@ func leaseList(m map[int]tier.Lease) []tier.Lease {
 		out = append(out, l)
 	}
 	return out
+}
+
+// confirm reads the history of b's store (a shared read, see shardHistory)
+// and settles the marked events whose marker names it; the others go to the
+// store. A store that does not answer confirms nothing. It is for a batch
+// that claims nothing: one that does reads the history in its claim
+// (processInStore).
+func (g *Guard) confirm(ctx context.Context, b *Batch) {
+	sh := g.histories[b.shard]
+	began := time.Now()
+	h, err := sh.read(ctx, g.stores[b.shard])
+	g.obs.ObserveStage(ctx, StageHistory, len(b.marked), time.Since(began), err)
+	if err != nil {
+		g.log.DebugContext(ctx, "store history unread: done markers not trusted", "events", len(b.marked), "shard", b.shard, "err", err)
+		h = ""
+	} else {
+		sh.saw(ctx, g.log, b.shard, h)
+	}
+	if late := g.settle(ctx, b, h); len(late) > 0 {
+		b.toStore = append(b.toStore, late...)
+		slices.Sort(b.toStore)
+	}
+}
+
+// settle settles the marked events of b whose marker names history h as
+// duplicates (OutcomeDuplicateRedis), and returns the others, ascending:
+// their markers are from another history of the store, one that may hold
+// commits the current one lost, so only the store can decide them.
+func (g *Guard) settle(ctx context.Context, b *Batch, h tier.History) []int {
+	var late []int
+	for i, mh := range b.marked {
+		if mh.Confirms(h) {
+			b.res[i] = Result{Outcome: OutcomeDuplicateRedis}
+			continue
+		}
+		late = append(late, i)
+	}
+	b.marked = nil
+	if len(late) > 0 && h != "" {
+		g.log.DebugContext(ctx, "done markers of another history: the store decides", "events", len(late), "shard", b.shard, "history", string(h))
+	}
+	slices.Sort(late)
+	return late
 }

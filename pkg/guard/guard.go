@@ -42,8 +42,8 @@ type Config struct {
 	Fast FastPath
 	// Observer, if set, sees how long each Stage took and how it ended.
 	Observer Observer
-	// Logger receives fast-tier faults at debug level. Defaults to a
-	// logger that discards.
+	// Logger receives fast-tier faults at debug level, and a change of a
+	// store's history at info. Defaults to a logger that discards.
 	Logger *slog.Logger
 }
 
@@ -59,7 +59,8 @@ type Guard struct {
 	obs    Observer
 	log    *slog.Logger
 
-	markers *markerWriter
+	markers   *markerWriter
+	histories []*shardHistory // by shard
 }
 
 // New returns a Guard, or an error naming the bad Config field.
@@ -86,6 +87,7 @@ func New(cfg Config) (*Guard, error) {
 		g.log = slog.New(slog.DiscardHandler)
 	}
 	g.markers = &markerWriter{fast: g.fast, scope: g.scope, obs: g.obs, log: g.log}
+	g.histories = newShardHistories(len(stores))
 	return g, nil
 }
 

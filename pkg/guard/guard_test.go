@@ -23,6 +23,7 @@ import (
 
 type fixture struct {
 	pool  *pgxpool.Pool
+	url   string // the pool's DATABASE_URL
 	redis *miniredis.Miniredis
 	fast  *redistier.Filter
 	guard *guard.Guard
@@ -33,7 +34,7 @@ type fixture struct {
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	f := &fixture{}
-	f.pool, _ = testenv.Schema(t, testenv.Effects)
+	f.pool, f.url = testenv.Schema(t, testenv.Effects)
 	f.redis = miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: f.redis.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
@@ -123,7 +124,7 @@ func TestOrphanedLeaseNeverLosesTheEvent(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ev := event("evt_1", 1)
-	r := f.fast.Claim(context.Background(), "payments", []guard.Event{ev})[0]
+	r := f.fast.Claim(context.Background(), "payments", "", []guard.Event{ev})[0]
 	require.Equal(t, tier.FastAcquired, r.State) // ... and the claimant dies here
 	require.Equal(t, guard.OutcomeProcessed, f.process(t, ev))
 	require.Equal(t, 1, f.ledgerRows(t, ev.ID))
@@ -146,7 +147,7 @@ func TestHandlerErrorRollsBackAndReleasesLease(t *testing.T) {
 	require.Equal(t, guard.OutcomeUnknown, o)
 	require.Equal(t, 0, f.ledgerRows(t, ev.ID), "the effect must roll back with the dedup row")
 	// Our lease was released, so the retry acquires at once.
-	r := f.fast.Claim(context.Background(), "payments", []guard.Event{ev})[0]
+	r := f.fast.Claim(context.Background(), "payments", "", []guard.Event{ev})[0]
 	require.Equal(t, tier.FastAcquired, r.State)
 	require.NoError(t, f.fast.Release(context.Background(), "payments", []tier.Lease{{ID: ev.ID, Token: r.Token}}))
 	require.Equal(t, guard.OutcomeProcessed, f.process(t, ev))

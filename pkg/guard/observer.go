@@ -10,6 +10,7 @@ type Stage string
 
 const (
 	StageFastClaim  Stage = "fast_claim"  // the fast tier's claim pipeline for a batch
+	StageHistory    Stage = "history"     // the store's history, read alone to confirm done markers
 	StageStoreClaim Stage = "store_claim" // BEGIN and the dedup rows' claim
 	StageApply      Stage = "apply"       // the handler, inside the transaction
 	StageCommit     Stage = "commit"      // COMMIT of rows and effects
@@ -19,7 +20,7 @@ const (
 
 // Stages lists every Stage, for metrics that want a series for each.
 func Stages() []Stage {
-	return []Stage{StageFastClaim, StageStoreClaim, StageApply, StageCommit, StageMarkDone, StageRelease}
+	return []Stage{StageFastClaim, StageHistory, StageStoreClaim, StageApply, StageCommit, StageMarkDone, StageRelease}
 }
 
 // Observer sees the guard's work as it happens: for metrics and tracing. It

@@ -13,6 +13,7 @@ import (
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
 	"github.com/idemhq/idem/pkg/guard/redistier"
+	"github.com/idemhq/idem/pkg/outbox"
 )
 
 // Config configures a Service. Scope, a database, Consumer.URL and
@@ -44,7 +45,9 @@ type Config struct {
 	Redis redis.UniversalClient
 	// RedisURL, instead of Redis, is one Redis server's URL
 	// (redis://host:6379/0); the service opens and closes the client. For
-	// a cluster or Sentinel, pass a client.
+	// a cluster or Sentinel, pass a client. A database number the server
+	// lacks stops Run at start (redistier.ErrNoSuchDatabase); a server that
+	// is down does not.
 	RedisURL string
 	// Fast tunes the fast tier (prefix, lease, done-marker TTL, timeout,
 	// breaker). Fast.DoneTTL may not exceed Consumer.Retention, and
@@ -56,15 +59,33 @@ type Config struct {
 	// NotBefore and FormerPartitions from what the databases record.
 	Consumer consumer.Config
 	// Migrate applies the guard's migrations, then Migrations, at start.
-	// Without it, Run fails if the guard's tables are missing.
+	// Without it, Run checks that they were applied (by `idem migrate`,
+	// say) and fails at once, naming the set, if one was not.
 	Migrate bool
 	// Migrations are the service's own sets (its effect tables), applied
-	// after the guard's when Migrate is set.
+	// after the guard's when Migrate is set, and checked when it is not.
 	Migrations []migrations.Set
 	// PruneInterval, if set, deletes dedup rows older than the retention
 	// this often, from every shard, as `idem prune` does. Every
 	// instance of a fleet may run it. Zero leaves pruning to `idem prune`.
 	PruneInterval time.Duration
+	// Outbox declares where the handler's outbox messages go
+	// (outbox.Enqueue) and tunes the relay Run runs beside the consumer to
+	// publish them, one loop per database, stopped after the drain. With
+	// Outbox.Destinations set, Enqueue refuses, inside the handler's
+	// transaction, a message To any other name. Outbox.Databases must be
+	// empty: the relay runs on the service's databases (their sessions
+	// then allow a pass's transaction, Outbox.PublishTimeout and a
+	// second). Outbox.AMQPURL defaults to Consumer.URL, Outbox.Metrics to
+	// Metrics, Outbox.Logger to Logger, and Outbox.Name to
+	// Consumer.ConnectionName and "-relay". Without Destinations: no relay
+	// and no check.
+	Outbox outbox.RelayConfig
+	// NoRelay runs no relay in this service, whose outbox another process
+	// publishes (an outbox.Relay, or idem relay): messages wait in
+	// idem_outbox until it does. Enqueue still refuses a destination
+	// Outbox.Destinations lacks.
+	NoRelay bool
 	// Metrics, if set, receives idem's Prometheus metrics (package
 	// metrics), including the handler's own dead-letter reasons when it
 	// lists them (a Reasons() []string method).
@@ -98,6 +119,8 @@ func (c *Config) validate() error {
 		return bad("Consumer.Retention %s must exceed Consumer.ClockSkew %s", c.Consumer.Retention, c.Consumer.ClockSkew)
 	case c.PruneInterval < 0 || (c.PruneInterval > 0 && c.PruneInterval < minPruneInterval):
 		return bad("PruneInterval %s: want 0 (off) or at least %s", c.PruneInterval, minPruneInterval)
+	case len(c.Outbox.Databases) > 0:
+		return bad("Outbox.Databases: leave it empty; the relay runs on the service's databases")
 	}
 	if err := guard.ValidateScope(c.Scope); err != nil {
 		return bad("Scope: %w", err)

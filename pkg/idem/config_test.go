@@ -4,12 +4,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard/redistier"
 	"github.com/idemhq/idem/pkg/idem"
+	"github.com/idemhq/idem/pkg/outbox"
 )
 
 // TestAnUnsafeConfigIsAnErrorFromNew: every combination that would open a
@@ -50,6 +52,17 @@ func TestAnUnsafeConfigIsAnErrorFromNew(t *testing.T) {
 		}, "not both"},
 		{"a batch above the prefetch", func(c *idem.Config) { c.Consumer.Prefetch, c.Consumer.BatchSize = 10, 20 }, "BatchSize (20) must not exceed Prefetch (10)"},
 		{"pruning too often", func(c *idem.Config) { c.PruneInterval = time.Millisecond }, "PruneInterval"},
+		{"the relay on other databases", func(c *idem.Config) {
+			c.Outbox = outbox.RelayConfig{Databases: []*pgxpool.Pool{nil},
+				Destinations: map[string]outbox.Destination{"api": {URL: "https://api.example.com"}}}
+		}, "Outbox.Databases: leave it empty"},
+		{"a destination of two kinds", func(c *idem.Config) {
+			c.Outbox.Destinations = map[string]outbox.Destination{"api": {URL: "https://api.example.com", Queue: "q"}}
+		}, `idem: Outbox: outbox: destination "api": set exactly one of Queue, Exchange and URL`},
+		{"a destination of two kinds, relayed elsewhere", func(c *idem.Config) {
+			c.Outbox.Destinations = map[string]outbox.Destination{"api": {URL: "https://api.example.com", Queue: "q"}}
+			c.NoRelay = true
+		}, `destination "api": set exactly one`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -8,7 +8,9 @@
 // and the stream's partition count, records the retention and clock skew
 // the claim enforces, checks the Redis server and client, consumes until
 // its context ends, drains, and writes the last done markers. Health serves
-// the probes a platform needs; Config.Metrics registers idem's metrics.
+// the probes a platform needs; Config.Metrics registers idem's metrics;
+// Config.Outbox declares where the handler's outbox messages go, and Run
+// relays them in the same process.
 //
 // The defaults are the safe ones: a Config with only the required fields
 // gets every guarantee the binary gives, and a setting that would open a

@@ -23,11 +23,14 @@ const checkTimeout = time.Second
 // Health serves the probes: /healthz answers while the process does;
 // /readyz answers 200 while the consumer consumes and every database
 // answers, and 503 otherwise (saying why, when RabbitMQ refuses the
-// connection or drops it during the handshake). Its body has one line per
+// connection or drops it during the handshake, or when the kill switch
+// stopped the consumer). Its body has one line per
 // check, including those reported but not required: Redis (without it
 // events go to Postgres, correctly), the broker blocking publishers (dead
 // letters wait, acks go on) and messages stranded in queues outside the
-// stream's layout. Mount it on the service's own mux, or serve it alone.
+// stream's layout. With a relay (Config.Outbox), /readyz also requires it
+// to work ("relay") and reports dead outbox rows ("outbox"). Mount it on
+// the service's own mux, or serve it alone.
 func (s *Service[T]) Health() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -45,9 +48,15 @@ func (s *Service[T]) Health() http.Handler {
 }
 
 func (s *Service[T]) checks() []check {
-	return []check{
+	return append([]check{
 		{name: "consumer", required: true, run: func(context.Context) error {
-			if st := s.Stats(); !st.Consuming {
+			st := s.Stats()
+			if st.Tripped != "" {
+				// Probing or not, a consumer whose events all fail is not
+				// ready: /readyz names the error until a probe succeeds.
+				return errors.New(st.Tripped)
+			}
+			if !st.Consuming {
 				if st.Refused != "" {
 					return fmt.Errorf("not consuming: %s", st.Refused)
 				}
@@ -85,7 +94,7 @@ func (s *Service[T]) checks() []check {
 			}
 			return s.rdb.Ping(ctx).Err()
 		}},
-	}
+	}, s.relayChecks()...)
 }
 
 // runChecks runs every check at once and reports whether the required ones

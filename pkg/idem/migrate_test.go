@@ -109,3 +109,21 @@ func TestForgottenMigrationsSayWhatToDo(t *testing.T) {
 		t.Fatal("the service did not stop on a database without idem's tables")
 	}
 }
+
+// TestAServiceWhoseOwnMigrationsWereNotRunIsTold: idem's tables are there
+// but the service's own set was never applied, and Migrate is off: Run
+// stops at start naming the set, rather than consuming events whose
+// effects have no table to land in.
+func TestAServiceWhoseOwnMigrationsWereNotRunIsTold(t *testing.T) {
+	_, dbURL := testenv.Schema(t) // idem's tables only
+	errc := reviewStart(t, idem.Config{Scope: "pay", DatabaseURL: dbURL, Migrations: []migrations.Set{testenv.Effects},
+		Consumer: consumer.Config{URL: testenv.AMQPURL(), Queue: testenv.Queue(t, testenv.AMQPURL())}})
+	select {
+	case err := <-errc:
+		require.ErrorContains(t, err, "the service's migrations (set testenv_migrations) are not applied")
+		require.ErrorContains(t, err, "0001_effects")
+		require.ErrorContains(t, err, "set Migrate")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the service started without its own tables")
+	}
+}

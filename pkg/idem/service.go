@@ -23,6 +23,7 @@ import (
 	"github.com/idemhq/idem/pkg/guard/pgtier"
 	"github.com/idemhq/idem/pkg/guard/redistier"
 	"github.com/idemhq/idem/pkg/metrics"
+	"github.com/idemhq/idem/pkg/outbox"
 )
 
 // Service runs one handler on one stream. Create it with New, run it with
@@ -40,6 +41,9 @@ type Service[T any] struct {
 	ownRDB  bool
 	fast    *redistier.Filter
 	running atomic.Pointer[consumer.Consumer[T]]
+
+	relay        *outbox.Relay   // nil: no relay in this service
+	destinations map[string]bool // Config.Outbox's names; nil: Enqueue checks none
 }
 
 // New checks cfg and returns a Service that runs h. It opens no connection:
@@ -72,6 +76,10 @@ func New[T any](cfg Config, h consumer.Handler[T]) (*Service[T], error) {
 		s.close()
 		return nil, err
 	}
+	if err := s.openRelay(); err != nil {
+		s.close()
+		return nil, err
+	}
 	// Build once, so that every bad setting is New's error, not Run's.
 	if _, _, err := s.build(time.Time{}, 0); err != nil {
 		s.close()
@@ -90,14 +98,15 @@ func (s *Service[T]) open() error {
 			return fmt.Errorf("idem: DatabaseURL: %w", err)
 		}
 		if !hasParam(cfg.DatabaseURL, "pool_max_conns") {
-			pc.MaxConns = int32(cfg.Consumer.Workers + 4)
+			pc.MaxConns = int32(cfg.Consumer.Workers+4) + cfg.relayConns()
 		}
 		if t := pc.ConnConfig.ConnectTimeout; t == 0 || t > 5*time.Second {
 			pc.ConnConfig.ConnectTimeout = 5 * time.Second
 		}
 		// Sessions bounded on both ends: an orphaned one never holds a
-		// claimed row's lock past the handler timeout and a margin.
-		pgsession.Apply(pc, pgsession.Bounds{Tx: cfg.Consumer.HandlerTimeout})
+		// claimed row's lock past the handler timeout (or a relay pass's
+		// bound) and a margin.
+		pgsession.Apply(pc, pgsession.Bounds{Tx: max(cfg.Consumer.HandlerTimeout, cfg.relayTx())})
 		pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 		if err != nil {
 			return fmt.Errorf("idem: DatabaseURL: %w", err)
@@ -187,13 +196,17 @@ func (s *Service[T]) build(notBefore time.Time, formerPartitions int) (*consumer
 // Run starts up, consumes until ctx ends, drains and closes what New
 // opened. Start-up waits, logging, for a PostgreSQL that is not up yet (up
 // to Consumer.StartupTimeout) and stops at once on what cannot fix itself:
-// a failing migration, a database in another shard's place, another
-// partition count, a Redis too old for the fast tier, and RabbitMQ refusing
-// the connection again and again (consumer.ErrBrokerRefused; once the
+// a failing migration, migrations not applied (without Migrate), a database
+// in another shard's place, another partition count, a Redis too old for
+// the fast tier or lacking the database number it is given, and RabbitMQ
+// refusing the connection again and again (consumer.ErrBrokerRefused; once the
 // consumer has consumed, a refusal is retried for as long as it lasts, and
 // Health says so). A Redis that does not answer is logged; events go to
-// Postgres until it does. Run returns nil when ctx ends, even during
-// start-up. Call it once.
+// Postgres until it does. With Config.Outbox, the relay runs beside the
+// consumer from the end of start-up until the consumer has drained; a
+// queue destination whose partition count differs from its stream's stops
+// the service. Run returns nil when ctx ends, even during start-up. Call
+// it once.
 func (s *Service[T]) Run(ctx context.Context) error {
 	defer s.close()
 	notBefore, former, err := s.startUp(ctx)
@@ -208,6 +221,7 @@ func (s *Service[T]) Run(ctx context.Context) error {
 		return err
 	}
 	s.running.Store(c)
+	cctx, stopRelay := s.startRelay(ctx)
 	var pruning sync.WaitGroup
 	if every := s.cfg.PruneInterval; every > 0 {
 		pctx, stop := context.WithCancel(ctx)
@@ -216,7 +230,10 @@ func (s *Service[T]) Run(ctx context.Context) error {
 			pruning.Go(func() { s.pruneEvery(pctx, every, db, s.log.With("shard", i)) })
 		}
 	}
-	err = c.Run(ctx)
+	err = c.Run(cctx)
+	if rerr := stopRelay(); rerr != nil && err == nil {
+		err = rerr
+	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	_ = g.Flush(fctx) // best effort: a lost marker costs one trip to Postgres
 	cancel()
@@ -253,6 +270,26 @@ func (s *Service[T]) startUp(ctx context.Context) (notBefore time.Time, former i
 			})
 			if err != nil {
 				return notBefore, 0, err
+			}
+		} else {
+			// Forgotten migrations are said as such, not as a table
+			// missing in the next check.
+			var missing *layout.UnmigratedError
+			if err := wait("checking the migrations", func(ctx context.Context) error {
+				err := layout.CheckMigrated(ctx, pool, append([]migrations.Set{migrations.Guard}, s.cfg.Migrations...)...)
+				if errors.As(err, &missing) {
+					return nil // not the database's fault: no retry
+				}
+				return err
+			}); err != nil {
+				return notBefore, 0, err
+			}
+			if missing != nil {
+				remedy := "run `idem migrate`, or set Migrate in idem.Config"
+				if !missing.Own() {
+					remedy = "apply them, or set Migrate in idem.Config"
+				}
+				return notBefore, 0, fmt.Errorf("idem: %s: %w: %s", what("database"), missing, remedy)
 			}
 		}
 		// A shard must hold the keys the list routes to it.
@@ -291,6 +328,12 @@ func (s *Service[T]) startUp(ctx context.Context) (notBefore time.Time, former i
 		switch {
 		case errors.Is(err, redistier.ErrRedisTooOld):
 			return notBefore, 0, fmt.Errorf("idem: %w (or run without Redis, on Postgres alone)", err)
+		case errors.Is(err, redistier.ErrNoSuchDatabase):
+			setting := "Redis"
+			if s.ownRDB {
+				setting = "RedisURL"
+			}
+			return notBefore, 0, fmt.Errorf("idem: %s: %w", setting, err)
 		case err != nil:
 			s.log.Warn("redis not answering at start; events go to Postgres until it does", "err", err)
 		}

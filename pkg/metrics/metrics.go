@@ -84,7 +84,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"op", "kind"}),
 		pgErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_postgres_errors_total",
-			Help: "Failed store stages (store_claim, commit), whatever the cause; the consumer retries, holds or dead-letters as the error asks.",
+			Help: "Failed store stages (history, store_claim, commit), whatever the cause; the consumer retries, holds or dead-letters as the error asks.",
 		}, []string{"stage"}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_breaker_transitions_total",
@@ -109,7 +109,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	stages := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "idem_stage_duration_seconds",
-		Help:    "How long one run of a guard stage took, for a whole batch: fast_claim (Redis pipeline), store_claim (BEGIN and the dedup rows' claim), apply (the handler), commit, mark_done, release.",
+		Help:    "How long one run of a guard stage took, for a whole batch: fast_claim (Redis pipeline), history (the database's history, read alone to confirm done markers), store_claim (BEGIN and the dedup rows' claim), apply (the handler), commit, mark_done, release.",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12), // 0.1ms to 6s
 	}, []string{"stage"})
 	collectors := []prometheus.Collector{m.deliveries, m.deadLetters, m.eventAge, m.batchSize, m.redisErrors,
@@ -133,7 +133,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			m.redisErrors.WithLabelValues(string(op), kind)
 		}
 	}
-	for _, s := range []guard.Stage{guard.StageStoreClaim, guard.StageCommit} {
+	for _, s := range []guard.Stage{guard.StageHistory, guard.StageStoreClaim, guard.StageCommit} {
 		m.pgErrors.WithLabelValues(string(s))
 	}
 	m.counters = map[string]prometheus.Counter{}
@@ -160,6 +160,7 @@ var counterHelp = map[string]string{
 	wire.CounterReconnect:          "Reconnections to RabbitMQ after a session ended or a dial failed.",
 	wire.CounterDeadLetterReturned: "Dead letters the broker returned unroutable (dead-letter queue missing); each was requeued and the queue re-declared.",
 	wire.CounterPublishBlocked:     "Times RabbitMQ blocked the consumer's publishing connection (a memory or disk alarm); dead letters wait meanwhile, acks go on.",
+	wire.CounterKillSwitchTrips:    "Times the consumer's kill switch tripped: distinct events failed the same way (a broken deploy), so it stopped taking deliveries and handed back what it held; idem_kill_switch_open says whether it is open now.",
 	wire.CounterBrokerRefused:      "Sessions RabbitMQ refused (403 access refused, 530 not allowed) or dropped during the handshake, which amqp091 reports alike; each is retried. Lasting: the credentials, vhost, permissions or a connection limit; passing: a broker restarting or a network fault.",
 }
 
@@ -184,7 +185,7 @@ func (m *Metrics) ObserveStage(_ context.Context, stage guard.Stage, _ int, took
 	switch stage {
 	case guard.StageFastClaim, guard.StageMarkDone, guard.StageRelease:
 		m.redisErrors.WithLabelValues(string(stage), redisfault.Kind(err)).Inc()
-	case guard.StageStoreClaim, guard.StageCommit:
+	case guard.StageHistory, guard.StageStoreClaim, guard.StageCommit:
 		if !errors.Is(err, context.Canceled) {
 			m.pgErrors.WithLabelValues(string(stage)).Inc()
 		}
@@ -247,9 +248,13 @@ func (m *Metrics) Pruned(rows int64) { m.pruned.Add(float64(rows)) }
 func (m *Metrics) CrossShardConflict(context.Context, guard.Event) { m.crossShard.Inc() }
 
 // WatchConsumer registers gauges read from stats at each scrape: whether the
-// consumer is consuming, its deliveries in flight, its unacked deliveries
-// and its prefetch. Call it once per Metrics, with a Consumer's Stats.
+// consumer is consuming, its deliveries in flight, its unacked deliveries,
+// its prefetch, and whether its kill switch is open. Call it once per
+// Metrics, with a Consumer's Stats.
 func (m *Metrics) WatchConsumer(stats func() consumer.Stats) error {
+	if err := m.reg.Register(killSwitchGauge{stats}); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
 	gauges := []struct {
 		name, help string
 		value      func(consumer.Stats) float64
@@ -279,4 +284,24 @@ func (m *Metrics) WatchConsumer(stats func() consumer.Stats) error {
 		}
 	}
 	return nil
+}
+
+var killSwitchDesc = prometheus.NewDesc("idem_kill_switch_open",
+	"Whether the consumer's kill switch is open (1: distinct events fail the same way, and it consumes nothing but probes) or not (0). class is the error class it tripped on (a SQLSTATE such as 42P01, or a reason such as handler_failed); empty while it is closed.",
+	[]string{"class"}, nil)
+
+// killSwitchGauge is idem_kill_switch_open, read from the consumer's Stats
+// at each scrape: one series, labelled with the class while the switch is
+// open, so that an alert names it.
+type killSwitchGauge struct{ stats func() consumer.Stats }
+
+func (g killSwitchGauge) Describe(ch chan<- *prometheus.Desc) { ch <- killSwitchDesc }
+
+func (g killSwitchGauge) Collect(ch chan<- prometheus.Metric) {
+	s := g.stats()
+	v := 0.0
+	if s.Tripped != "" {
+		v = 1
+	}
+	ch <- prometheus.MustNewConstMetric(killSwitchDesc, prometheus.GaugeValue, v, s.TrippedOn)
 }

@@ -1,8 +1,9 @@
 // Package outbox sends a handler's messages to other systems exactly when
 // its effect commits: Enqueue inserts them into the idem_outbox table through
 // the guard's transaction, so they exist if and only if the event's effect
-// and dedup row committed, and a relay (idem relay, or outbox.relay in idem
-// consume) publishes them afterwards.
+// and dedup row committed, and a relay publishes them afterwards: the one
+// the front door runs (idem.Config.Outbox), a Relay a service runs itself
+// (NewRelay), or the idem relay command.
 //
 // A relay publishes a message at least once: a relay that dies after the
 // publish and before it marks the row sent publishes it again. Every
@@ -14,23 +15,18 @@ package outbox
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
+	"sort"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemhq/idem/internal/relay"
 	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/partition"
 )
-
-// lanes is how many lanes idem_outbox_lane holds (migration 0008). A key's
-// messages share a lane, which one relay at a time drains in order.
-const lanes = 32
 
 // Message is one outgoing message.
 type Message struct {
@@ -41,8 +37,8 @@ type Message struct {
 	// identifies the message (see ID): two messages of one event need two
 	// indexes, and the same index is the same message on every attempt.
 	Index int
-	// To names the destination, one of the relay's outbox.destinations.
-	// Required. To, Key, Type and ContentType are stored as text: valid
+	// To names the destination: one of the service's (idem.Config.Outbox),
+	// or of the relay's that publishes the outbox. Required. To, Key, Type and ContentType are stored as text: valid
 	// UTF-8 without NUL bytes.
 	To string
 	// Key orders messages: those of one key leave in commit order. A
@@ -72,7 +68,10 @@ SELECT $1, * FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::smal
 // that event's dedup row makes the message's ID unique. The same message
 // enqueued twice in one transaction fails with a unique violation, which
 // dead-letters the event. A message that could never be published (see
-// Message's fields) is refused with an error that names the field.
+// Message's fields) is refused with an error that names the field, and so,
+// in a service that declares its destinations (idem.Config.Outbox), is one
+// To a destination it does not declare: the handler's error, retried and
+// then dead-lettered as any other, and never a row no relay can send.
 func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -81,12 +80,13 @@ func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	if !ok {
 		return errors.New("outbox: Enqueue outside a guard's apply: pass the ctx the handler was given")
 	}
+	known, _ := tier.DestinationsFrom(ctx) // nil: no check
 	n := len(msgs)
 	ids, to, keys, types, ctypes := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	idx, lane := make([]int32, n), make([]int16, n)
 	bodies := make([][]byte, n)
 	for i, m := range msgs {
-		if err := m.validate(a); err != nil {
+		if err := m.validate(a, known); err != nil {
 			return err
 		}
 		ids[i], idx[i], to[i], keys[i], types[i], bodies[i] = m.EventID, int32(m.Index), m.To, m.Key, m.Type, m.Body
@@ -101,7 +101,9 @@ func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 		if key == "" {
 			key = m.EventID
 		}
-		lane[i] = int16(partition.Of(key, lanes))
+		// A key's messages share a lane, which one relay at a time
+		// drains in order.
+		lane[i] = int16(partition.Of(key, relay.Lanes))
 	}
 	if _, err := tx.Exec(ctx, insert, a.Scope, ids, idx, to, keys, lane, types, ctypes, bodies); err != nil {
 		return fmt.Errorf("outbox: enqueue %d message(s): %w", n, err)
@@ -117,7 +119,8 @@ const maxShortstr = 255
 // validate refuses, inside the handler's transaction, a message the relay
 // could never publish: left in the outbox it would fail on every attempt
 // and go dead, or (ahead of its key's later messages) hold them back.
-func (m Message) validate(a *tier.Apply) error {
+// known, if not nil, are the only destinations the service has.
+func (m Message) validate(a *tier.Apply, known map[string]bool) error {
 	fail := func(format string, args ...any) error {
 		return fmt.Errorf("outbox: message %d of event %q: %s", m.Index, m.EventID, fmt.Sprintf(format, args...))
 	}
@@ -128,6 +131,8 @@ func (m Message) validate(a *tier.Apply) error {
 		return fail("To is required")
 	case m.Index < 0 || m.Index > 1<<30:
 		return fail("Index out of range")
+	case known != nil && !known[m.To]:
+		return fail("To %q is not one of the service's destinations (%s): declare it in idem.Config.Outbox", m.To, names(known))
 	}
 	for _, f := range []struct {
 		name, v string
@@ -164,16 +169,18 @@ func checkField(v string, max int, header bool) error {
 	return nil
 }
 
+// names lists a set's names, sorted, for an error.
+func names(set map[string]bool) string {
+	out := make([]string, 0, len(set))
+	for n := range set {
+		out = append(out, fmt.Sprintf("%q", n))
+	}
+	sort.Strings(out)
+	return strings.Join(out, ", ")
+}
+
 // ID returns the message ID of the index-th message of event eventID in
 // scope: 32 hex digits of a SHA-256 over the three, the same on every
 // publish. The relay sends it as the AMQP message ID and as the HTTP
 // Idempotency-Key header; it is a valid idem event ID.
-func ID(scope, eventID string, index int) string {
-	h := sha256.New()
-	h.Write([]byte(scope))
-	h.Write([]byte{0})
-	h.Write([]byte(eventID))
-	h.Write([]byte{0})
-	h.Write(strconv.AppendInt(nil, int64(index), 10))
-	return hex.EncodeToString(h.Sum(nil)[:16])
-}
+func ID(scope, eventID string, index int) string { return relay.MessageID(scope, eventID, index) }

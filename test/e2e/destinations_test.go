@@ -28,3 +28,32 @@ func TestARelayRefusesAQueueDestinationSplitOtherwise(t *testing.T) {
 		}
 	}
 }
+
+// TestARelayRefusesPendingRowsToAnUnknownDestination: idem relay, and idem
+// consume with outbox.relay, refuse to start (exit 2, a setting to fix)
+// while pending outbox rows name a destination outbox.destinations does not,
+// naming each with its count and the fix; a relay would have made each dead
+// at once. The rows stay pending. Dead rows do not count.
+func TestARelayRefusesPendingRowsToAnUnknownDestination(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", "")
+	_, err := e.pool.Exec(context.Background(), `INSERT INTO idem_outbox (scope, event_id, idx, destination, lane, body, state) VALUES
+		('pay', 'e1', 0, 'sms', 1, '', 'pending'),
+		('pay', 'e2', 0, 'sms', 2, '', 'pending'),
+		('pay', 'e3', 0, 'fax', 3, '', 'pending'),
+		('pay', 'e4', 0, 'receipts', 4, '', 'pending'),
+		('pay', 'e5', 0, 'telex', 5, '', 'dead')`)
+	require.NoError(t, err)
+	dests := "IDEM_OUTBOX_DESTINATIONS=receipts=queue:" + e.queue + ".receipts"
+	for _, args := range [][]string{{"relay"}, {"consume", "--no-migrate"}} {
+		r := e.run([]string{dests, "IDEM_OUTBOX_RELAY=true"}, args...)
+		require.Equal(t, 2, r.code, r.out)
+		for _, want := range []string{`outbox.destinations does not name the destination of pending outbox rows: "fax" (1 row(s)), "sms" (2 row(s))`,
+			"they stay pending", "add each to outbox.destinations"} {
+			require.Contains(t, r.out, want, args)
+		}
+		require.NotContains(t, r.out, "telex", args)
+		require.NotContains(t, r.out, `"receipts"`, args)
+	}
+	require.Equal(t, map[string]int{"pending": 4, "dead": 1}, e.outboxStates(), "nothing was made dead")
+}

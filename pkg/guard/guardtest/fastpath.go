@@ -26,6 +26,7 @@ func TestFastPath(t *testing.T, newFast NewFastPath) {
 	}{
 		{"FirstClaimAcquiresSecondSeesPending", testFirstClaim},
 		{"DoneMarkerCarriesHash", testDone},
+		{"DoneMarkerNamesItsHistory", testDoneHistory},
 		{"ReleaseDeletesOwnLease", testReleaseOwn},
 		{"ReleaseLeavesOthersLease", testReleaseOthers},
 		{"ReleaseNeverDeletesDone", testReleaseAfterDone},
@@ -42,6 +43,9 @@ func TestFastPath(t *testing.T, newFast NewFastPath) {
 	}
 }
 
+// hist is the history the suite's markers and leases name.
+const hist tier.History = "0123456789ab"
+
 func ev(id string) guard.Event { return guard.Event{ID: id, Hash: guard.HashFields(id)} }
 
 func uniqueID() string {
@@ -52,7 +56,7 @@ func uniqueID() string {
 
 func claim1(t *testing.T, f guard.FastPath, scope string, e guard.Event) tier.FastResult {
 	t.Helper()
-	r := f.Claim(context.Background(), scope, []guard.Event{e})
+	r := f.Claim(context.Background(), scope, hist, []guard.Event{e})
 	require.Len(t, r, 1)
 	return r[0]
 }
@@ -69,12 +73,31 @@ func testFirstClaim(t *testing.T, f guard.FastPath) {
 func testDone(t *testing.T, f guard.FastPath) {
 	e := ev(uniqueID())
 	require.Equal(t, tier.FastAcquired, claim1(t, f, "svc", e).State)
-	require.NoError(t, f.MarkDone(context.Background(), "svc", []guard.Event{e}))
+	require.NoError(t, f.MarkDone(context.Background(), "svc", hist, []guard.Event{e}))
 	r := claim1(t, f, "svc", e)
 	require.Equal(t, tier.FastDone, r.State)
 	require.Equal(t, e.Hash, r.Hash)
+	require.Equal(t, hist, r.History)
 	// A claim never overwrites a done marker.
 	require.Equal(t, tier.FastDone, claim1(t, f, "svc", e).State)
+}
+
+// testDoneHistory: a done marker comes back with the history it was
+// written in, and a marker written again in another history replaces it
+// (the guard rewrites a marker it could not trust once its event's row is
+// found or committed).
+func testDoneHistory(t *testing.T, f guard.FastPath) {
+	e := ev(uniqueID())
+	require.Equal(t, tier.FastAcquired, claim1(t, f, "svc", e).State)
+	require.NoError(t, f.MarkDone(context.Background(), "svc", "aaaaaaaaaaaa", []guard.Event{e}))
+	r := claim1(t, f, "svc", e)
+	require.Equal(t, tier.FastDone, r.State)
+	require.Equal(t, tier.History("aaaaaaaaaaaa"), r.History)
+	require.NoError(t, f.MarkDone(context.Background(), "svc", hist, []guard.Event{e}))
+	r = claim1(t, f, "svc", e)
+	require.Equal(t, tier.FastDone, r.State)
+	require.Equal(t, hist, r.History)
+	require.Equal(t, e.Hash, r.Hash)
 }
 
 func testReleaseOwn(t *testing.T, f guard.FastPath) {
@@ -95,7 +118,7 @@ func testReleaseOthers(t *testing.T, f guard.FastPath) {
 func testReleaseAfterDone(t *testing.T, f guard.FastPath) {
 	e := ev(uniqueID())
 	r := claim1(t, f, "svc", e)
-	require.NoError(t, f.MarkDone(context.Background(), "svc", []guard.Event{e}))
+	require.NoError(t, f.MarkDone(context.Background(), "svc", hist, []guard.Event{e}))
 	require.NoError(t, f.Release(context.Background(), "svc", []tier.Lease{{ID: e.ID, Token: r.Token}}))
 	require.Equal(t, tier.FastDone, claim1(t, f, "svc", e).State)
 }
@@ -103,7 +126,7 @@ func testReleaseAfterDone(t *testing.T, f guard.FastPath) {
 func testScopes(t *testing.T, f guard.FastPath) {
 	e := ev(uniqueID())
 	require.Equal(t, tier.FastAcquired, claim1(t, f, "billing", e).State)
-	require.NoError(t, f.MarkDone(context.Background(), "billing", []guard.Event{e}))
+	require.NoError(t, f.MarkDone(context.Background(), "billing", hist, []guard.Event{e}))
 	require.Equal(t, tier.FastAcquired, claim1(t, f, "ledger", e).State, "another scope must not see billing's marker")
 }
 
@@ -118,8 +141,8 @@ func testIDBytes(t *testing.T, f guard.FastPath) {
 func testBatch(t *testing.T, f guard.FastPath) {
 	a, b, c := ev(uniqueID()), ev(uniqueID()), ev(uniqueID())
 	require.Equal(t, tier.FastAcquired, claim1(t, f, "svc", a).State)
-	require.NoError(t, f.MarkDone(context.Background(), "svc", []guard.Event{b}))
-	got := f.Claim(context.Background(), "svc", []guard.Event{a, b, c})
+	require.NoError(t, f.MarkDone(context.Background(), "svc", hist, []guard.Event{b}))
+	got := f.Claim(context.Background(), "svc", hist, []guard.Event{a, b, c})
 	require.Len(t, got, 3)
 	require.Equal(t, tier.FastPending, got[0].State)
 	require.Equal(t, tier.FastDone, got[1].State)
@@ -135,12 +158,12 @@ func testReleaseMany(t *testing.T, f guard.FastPath) {
 		events[i] = ev(uniqueID())
 	}
 	var leases []tier.Lease
-	for i, r := range f.Claim(ctx, "svc", events) {
+	for i, r := range f.Claim(ctx, "svc", hist, events) {
 		require.Equal(t, tier.FastAcquired, r.State, "event %d: %v", i, r.Err)
 		leases = append(leases, tier.Lease{ID: events[i].ID, Token: r.Token})
 	}
 	require.NoError(t, f.Release(ctx, "svc", leases))
-	for i, r := range f.Claim(ctx, "svc", events) {
+	for i, r := range f.Claim(ctx, "svc", hist, events) {
 		require.Equal(t, tier.FastAcquired, r.State, "event %d was not released: %v", i, r.Err)
 	}
 }

@@ -210,7 +210,7 @@ func TestAnUntimedClaimWaitsForTheWriteInFlight(t *testing.T) {
 	go func() {
 		tx, err := s.Begin(ctx)
 		if err == nil {
-			_, err = s.Claim(ctx, tx, "svc", []guard.Event{ev("e_second", "a")})
+			_, _, err = s.Claim(ctx, tx, "svc", []guard.Event{ev("e_second", "a")})
 			err = errors.Join(err, tx.Commit(ctx))
 		}
 		done <- err

@@ -27,7 +27,7 @@ func BenchmarkProcessedRowSize(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := s.Claim(ctx, tx, "payments", events); err != nil {
+		if _, _, err := s.Claim(ctx, tx, "payments", events); err != nil {
 			b.Fatal(err)
 		}
 		if err := tx.Commit(ctx); err != nil {

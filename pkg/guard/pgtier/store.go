@@ -77,7 +77,11 @@ func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
 // event refused whose row exists is still a duplicate (or a conflict): only
 // a missing row is in doubt. With no idem_horizon row nothing was ever
 // pruned, and nothing is refused.
-const claim = `WITH c AS (
+//
+// Every row also carries the database's history (historyExpr), read once,
+// by the same statement: the guard confirms done markers with it, and
+// names it in the markers of the events this transaction commits.
+const claim = `WITH hist AS (SELECT ` + historyExpr + ` AS history), c AS (
 	SELECT u.id, u.hash, u.n, CASE
 		WHEN u.at IS NULL THEN CASE WHEN h.pruned_through IS NOT NULL THEN 3 END
 		WHEN u.at > now() + h.clock_skew THEN 2
@@ -91,10 +95,10 @@ const claim = `WITH c AS (
 	ON CONFLICT DO NOTHING
 	RETURNING event_id
 )
-SELECT event_id, NULL::bytea, true, 0 FROM ins
+SELECT event_id, NULL::bytea, true, 0, hist.history FROM ins, hist
 UNION ALL
-SELECT c.id, (SELECT p.payload_hash FROM idem_processed p WHERE p.scope = $1 AND p.event_id = c.id), false, coalesce(c.refused, 0)
-FROM c WHERE c.id NOT IN (SELECT event_id FROM ins)`
+SELECT c.id, (SELECT p.payload_hash FROM idem_processed p WHERE p.scope = $1 AND p.event_id = c.id), false, coalesce(c.refused, 0), hist.history
+FROM c, hist WHERE c.id NOT IN (SELECT event_id FROM ins)`
 
 // refusals maps the claim statement's refusal codes to results.
 var refusals = [...]tier.ClaimResult{1: tier.ClaimExpired, 2: tier.ClaimFuture, 3: tier.ClaimUntimed}
@@ -111,8 +115,10 @@ FROM unnest($2::text[]) AS u(id)`
 // recorded replay horizon is refused (ClaimExpired, ClaimFuture,
 // ClaimUntimed) and gets no row. New events and duplicates alike cost one
 // statement; only a row committed by a concurrent transaction during the
-// claim costs a second.
-func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, events []guard.Event) ([]tier.ClaimResult, error) {
+// claim costs a second. The same statement reads the database's history
+// (see History), which Claim returns: the rows it inserts commit in it.
+// With no events it returns no history.
+func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, events []guard.Event) ([]tier.ClaimResult, tier.History, error) {
 	ids := make([]string, len(events))
 	hashes := make([][]byte, len(events))
 	times := make([]pgtype.Timestamptz, len(events))
@@ -122,7 +128,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, events []gua
 	}
 	rows, err := tx.Query(ctx, claim, scope, ids, hashes, times)
 	if err != nil {
-		return nil, fmt.Errorf("claim dedup rows: %w", err)
+		return nil, "", fmt.Errorf("claim dedup rows: %w", err)
 	}
 	inserted := map[string]bool{}
 	stored := map[string][]byte{}
@@ -131,7 +137,8 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, events []gua
 	var hash []byte
 	var ins bool
 	var code int
-	_, err = pgx.ForEachRow(rows, []any{&id, &hash, &ins, &code}, func() error {
+	var history string
+	_, err = pgx.ForEachRow(rows, []any{&id, &hash, &ins, &code, &history}, func() error {
 		switch {
 		case ins:
 			inserted[id] = true
@@ -143,7 +150,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, events []gua
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("claim dedup rows: %w", err)
+		return nil, "", fmt.Errorf("claim dedup rows: %w", err)
 	}
 	out := make([]tier.ClaimResult, len(events))
 	untimed := false
@@ -164,10 +171,13 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, events []gua
 	}
 	if untimed {
 		if err := s.recordUntimed(ctx, tx); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 	}
-	return out, s.resolveExisting(ctx, tx, scope, events, out)
+	if err := s.resolveExisting(ctx, tx, scope, events, out); err != nil {
+		return nil, "", err
+	}
+	return out, tier.History(history), nil
 }
 
 // untimedEvery is how often one Store records that it claimed an untimed
@@ -285,4 +295,16 @@ func (s *Store) resolveExisting(ctx context.Context, tx pgx.Tx, scope string, ev
 		out[i] = compare(h, ev.Hash)
 	}
 	return nil
+}
+
+// History returns the current history of the database the pool reaches,
+// in one small query: a guard reads it after it read done markers, to
+// confirm them, when it has no claim to read it in. Claim returns the same
+// value, read in its own statement.
+func (s *Store) History(ctx context.Context) (tier.History, error) {
+	var h string
+	if err := s.pool.QueryRow(ctx, historyQuery).Scan(&h); err != nil {
+		return "", fmt.Errorf("read database history: %w", err)
+	}
+	return tier.History(h), nil
 }

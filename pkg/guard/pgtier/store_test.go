@@ -36,7 +36,7 @@ func claim(t *testing.T, s *pgtier.Store, e guard.Event) (pgx.Tx, tier.ClaimResu
 	t.Helper()
 	tx, err := s.Begin(context.Background())
 	require.NoError(t, err)
-	res, err := s.Claim(context.Background(), tx, "svc", []guard.Event{e})
+	res, _, err := s.Claim(context.Background(), tx, "svc", []guard.Event{e})
 	require.NoError(t, err)
 	return tx, res[0]
 }
@@ -96,7 +96,7 @@ func TestConcurrentClaimsExactlyOneWins(t *testing.T) {
 				return
 			}
 			defer tx.Rollback(ctx)
-			res, err := s.Claim(ctx, tx, "svc", []guard.Event{ev("hot", "a")})
+			res, _, err := s.Claim(ctx, tx, "svc", []guard.Event{ev("hot", "a")})
 			if err != nil {
 				t.Error(err)
 				return
@@ -141,7 +141,7 @@ func TestWaiterTakesOverWhenFirstClaimRollsBack(t *testing.T) {
 			return
 		}
 		defer tx.Rollback(ctx)
-		r, err := s.Claim(ctx, tx, "svc", []guard.Event{ev("e", "a")})
+		r, _, err := s.Claim(ctx, tx, "svc", []guard.Event{ev("e", "a")})
 		if err != nil {
 			t.Error(err)
 			got <- 0
@@ -178,7 +178,7 @@ func TestBatchClaimMixesOutcomes(t *testing.T) {
 	tx, err := s.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	res, err := s.Claim(ctx, tx, "svc", []guard.Event{ev("new", "a"), ev("old", "a"), ev("changed", "b"), ev("new", "a")})
+	res, _, err := s.Claim(ctx, tx, "svc", []guard.Event{ev("new", "a"), ev("old", "a"), ev("changed", "b"), ev("new", "a")})
 	require.NoError(t, err)
 	require.Equal(t, []tier.ClaimResult{tier.ClaimInserted, tier.ClaimDuplicate, tier.ClaimConflict, tier.ClaimDuplicate}, res)
 }
@@ -191,7 +191,7 @@ func TestScopesAreIndependent(t *testing.T) {
 	for _, scope := range []string{"billing", "ledger"} {
 		tx, err := s.Begin(ctx)
 		require.NoError(t, err)
-		res, err := s.Claim(ctx, tx, scope, []guard.Event{ev("e", "a")})
+		res, _, err := s.Claim(ctx, tx, scope, []guard.Event{ev("e", "a")})
 		require.NoError(t, err)
 		require.Equal(t, tier.ClaimInserted, res[0], scope)
 		require.NoError(t, tx.Commit(ctx))
@@ -267,7 +267,7 @@ func TestClaimOfAPrunedRowIsBeyondRetention(t *testing.T) {
 	otherTx, err := other.Begin(ctx)
 	require.NoError(t, err)
 	defer otherTx.Rollback(ctx)
-	res, err := other.Claim(ctx, otherTx, "svc", []guard.Event{ev("e", "a")})
+	res, _, err := other.Claim(ctx, otherTx, "svc", []guard.Event{ev("e", "a")})
 	require.NoError(t, err)
 	require.Equal(t, tier.ClaimInserted, res[0])
 
@@ -303,7 +303,7 @@ func TestClaimOfAPrunedRowIsBeyondRetention(t *testing.T) {
 		}
 		committed <- errors.New("the claim never waited on the other transaction's row")
 	}()
-	_, err = s.Claim(ctx, tx, "svc", []guard.Event{ev("e", "a")})
+	_, _, err = s.Claim(ctx, tx, "svc", []guard.Event{ev("e", "a")})
 	require.NoError(t, <-committed)
 	require.ErrorIs(t, err, guard.ErrBeyondRetention)
 }
@@ -371,7 +371,7 @@ func TestClaimProbesTheKeyOnANewTable(t *testing.T) {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
-	rec := &sqlRecorder{prefix: "WITH c AS"}
+	rec := &sqlRecorder{prefix: "WITH hist AS"}
 	cfg.ConnConfig.Tracer = rec
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)

@@ -74,7 +74,7 @@ func TestStoppedClusterNodeCostsOneDeadline(t *testing.T) {
 		events[i] = guard.Event{ID: fmt.Sprintf("evt_%d", i), Hash: guard.HashFields("x")}
 	}
 	ctx := context.Background()
-	for _, r := range f.Claim(ctx, "svc", events) {
+	for _, r := range f.Claim(ctx, "svc", "", events) {
 		require.Equal(t, tier.FastAcquired, r.State, "%v", r.Err)
 	}
 
@@ -83,7 +83,7 @@ func TestStoppedClusterNodeCostsOneDeadline(t *testing.T) {
 	t.Cleanup(func() { _ = m.Signal(syscall.SIGCONT) })
 	for range 3 {
 		began := time.Now()
-		res := f.Claim(ctx, "svc", events)
+		res := f.Claim(ctx, "svc", "", events)
 		took := time.Since(began)
 		require.Less(t, took, 10*timeout, "a claim with a stopped node took %s against a %s deadline", took, timeout)
 		// The stopped master's keys are skipped (the store decides them);
@@ -118,7 +118,7 @@ func TestClusterFailoverResumesTheFastTier(t *testing.T) {
 		return events
 	}
 	c.Masters(ctx)[0].Kill()
-	took, failed := requireResumes(t, func(i int) []tier.FastResult { return f.Claim(ctx, "svc", batch(i)) })
+	took, failed := requireResumes(t, func(i int) []tier.FastResult { return f.Claim(ctx, "svc", "", batch(i)) })
 	require.Len(t, c.Masters(ctx), 3, "a replica took over")
 	t.Logf("resumed %s after the kill, %d claims failed meanwhile", took.Round(time.Millisecond), failed)
 }

@@ -28,10 +28,7 @@ const (
 	defaultTimeout = 50 * time.Millisecond
 )
 
-const (
-	pendingPrefix = fastkey.Pending
-	donePrefix    = fastkey.Done
-)
+const pendingPrefix = fastkey.Pending
 
 // Config configures a Filter.
 type Config struct {
@@ -123,11 +120,14 @@ func New(rdb redis.UniversalClient, cfg Config) (*Filter, error) {
 // BreakerState reports the circuit breaker's state: "closed", "half-open" or "open".
 func (f *Filter) BreakerState() string { return f.breaker.State().String() }
 
-// Claim runs SET key pending:<token> NX PX <lease> GET for every event in one
-// pipeline. The leases of one call share a token: they have one holder.
-func (f *Filter) Claim(ctx context.Context, scope string, events []guard.Event) []tier.FastResult {
+// Claim runs SET key pending:<history>:<token> NX PX <lease> GET for every
+// event in one pipeline, and returns what each key held: a done marker comes
+// back with the history it names, for the guard to confirm. history is the
+// one the caller last knew; a lease's history only tells an operator when
+// it was taken. The leases of one call share a token: they have one holder.
+func (f *Filter) Claim(ctx context.Context, scope string, history tier.History, events []guard.Event) []tier.FastResult {
 	out := make([]tier.FastResult, len(events))
-	token := newToken()
+	token := fastkey.LeaseToken(history, newToken())
 	value := pendingPrefix + token
 	lease := strconv.FormatInt(f.cfg.Lease.Milliseconds(), 10)
 	answered := false
@@ -168,26 +168,27 @@ func parseClaim(cmd *redis.Cmd, token string) tier.FastResult {
 		return tier.FastResult{State: tier.FastAcquired, Token: token}
 	case err != nil:
 		return tier.FastResult{State: tier.FastSkipped, Err: err}
-	case strings.HasPrefix(old, donePrefix):
-		h, err := hex.DecodeString(old[len(donePrefix):])
-		if err != nil {
-			return tier.FastResult{State: tier.FastSkipped, Err: fmt.Errorf("bad done marker %q", old)}
-		}
-		return tier.FastResult{State: tier.FastDone, Hash: h}
-	case strings.HasPrefix(old, pendingPrefix):
-		return tier.FastResult{State: tier.FastPending}
-	default:
-		return tier.FastResult{State: tier.FastSkipped, Err: fmt.Errorf("unexpected value %q", old)}
 	}
+	m, err := fastkey.Parse(old)
+	if err != nil {
+		return tier.FastResult{State: tier.FastSkipped, Err: err}
+	}
+	if m.State == tier.FastPending {
+		return tier.FastResult{State: tier.FastPending}
+	}
+	return tier.FastResult{State: tier.FastDone, Hash: m.Hash, History: m.History}
 }
 
-// MarkDone runs SET key done:<hash> PX <doneTTL> for every event in one
-// pipeline. Call it only after the events committed in Postgres.
-func (f *Filter) MarkDone(ctx context.Context, scope string, events []guard.Event) error {
+// MarkDone runs SET key done:<history>:<hash> PX <doneTTL> for every event in
+// one pipeline, over whatever the key held (a lease, or a marker of another
+// history). Call it only after the events committed in Postgres, with the
+// history the store reported in the transaction that committed them (or
+// that found their rows).
+func (f *Filter) MarkDone(ctx context.Context, scope string, history tier.History, events []guard.Event) error {
 	err := f.call(ctx, func(ctx context.Context) error {
 		_, err := f.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, ev := range events {
-				p.Set(ctx, fastkey.Key(f.cfg.Prefix, scope, ev.ID), donePrefix+hex.EncodeToString(ev.Hash), f.cfg.DoneTTL)
+				p.Set(ctx, fastkey.Key(f.cfg.Prefix, scope, ev.ID), fastkey.DoneValue(history, ev.Hash), f.cfg.DoneTTL)
 			}
 			return nil
 		})

@@ -2,6 +2,7 @@ package redistier_test
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -56,7 +57,7 @@ func TestFastPathSuiteRedis(t *testing.T) {
 var e1 = guard.Event{ID: "evt_1", Hash: guard.HashFields("evt_1")}
 
 func claim(f *redistier.Filter, ctx context.Context) tier.FastResult {
-	return f.Claim(ctx, "svc", []guard.Event{e1})[0]
+	return f.Claim(ctx, "svc", "", []guard.Event{e1})[0]
 }
 
 func TestLeaseExpiresSoACrashedClaimFreesItself(t *testing.T) {
@@ -71,7 +72,7 @@ func TestLeaseExpiresSoACrashedClaimFreesItself(t *testing.T) {
 func TestDoneMarkerExpiresAfterDoneTTL(t *testing.T) {
 	m, rdb := miniClient(t)
 	f := newFilter(t, rdb, redistier.Config{DoneTTL: time.Hour})
-	require.NoError(t, f.MarkDone(context.Background(), "svc", []guard.Event{e1}))
+	require.NoError(t, f.MarkDone(context.Background(), "svc", "", []guard.Event{e1}))
 	m.FastForward(59 * time.Minute)
 	require.Equal(t, tier.FastDone, claim(f, context.Background()).State)
 	m.FastForward(time.Minute)
@@ -81,22 +82,46 @@ func TestDoneMarkerExpiresAfterDoneTTL(t *testing.T) {
 func TestFlushForgetsEverything(t *testing.T) {
 	m, rdb := miniClient(t)
 	f := newFilter(t, rdb, redistier.Config{})
-	require.NoError(t, f.MarkDone(context.Background(), "svc", []guard.Event{e1}))
+	require.NoError(t, f.MarkDone(context.Background(), "svc", "", []guard.Event{e1}))
 	m.FlushAll()
 	// Not done any more: the guard must now ask Postgres, which still knows.
 	require.Equal(t, tier.FastAcquired, claim(f, context.Background()).State)
 }
 
+// TestKeyLayout: a lease is pending:<history>:<token> and a done marker
+// done:<history>:<hex hash>, each naming the history of the store it was
+// written for.
 func TestKeyLayout(t *testing.T) {
 	m, rdb := miniClient(t)
 	f := newFilter(t, rdb, redistier.Config{Prefix: "pay"})
-	r := claim(f, context.Background())
+	r := f.Claim(context.Background(), "svc", "0123456789ab", []guard.Event{e1})[0]
 	v, err := m.Get("pay:svc:evt_1")
 	require.NoError(t, err)
 	require.Equal(t, "pending:"+r.Token, v)
-	require.NoError(t, f.MarkDone(context.Background(), "svc", []guard.Event{e1}))
+	require.Regexp(t, `^pending:0123456789ab:[0-9a-z]+$`, v)
+	require.NoError(t, f.MarkDone(context.Background(), "svc", "0123456789ab", []guard.Event{e1}))
 	v, _ = m.Get("pay:svc:evt_1")
-	require.Regexp(t, `^done:[0-9a-f]{64}$`, v)
+	require.Regexp(t, `^done:0123456789ab:[0-9a-f]{64}$`, v)
+}
+
+// TestMarkersOfAnEarlierVersionNameNoHistory: the values a version before
+// histories wrote (done:<hash>, pending:<token>) read as they did, with no
+// history, which confirms nothing: the guard sends such an event to the
+// store, and its marker is then written again with the store's history.
+func TestMarkersOfAnEarlierVersionNameNoHistory(t *testing.T) {
+	m, rdb := miniClient(t)
+	f := newFilter(t, rdb, redistier.Config{})
+	hash := "4e1243bd22c66e76c2ba9eddc1f91394e57f9f83e7a3c5e9b0f0f2e7e3f5a1b2"
+	m.Set("idem:svc:old_done", "done:"+hash)
+	m.Set("idem:svc:old_lease", "pending:ghost")
+	res := f.Claim(context.Background(), "svc", "0123456789ab", []guard.Event{
+		{ID: "old_done", Hash: guard.HashFields("x")}, {ID: "old_lease", Hash: guard.HashFields("x")},
+	})
+	require.Equal(t, tier.FastDone, res[0].State)
+	require.Equal(t, hash, hex.EncodeToString(res[0].Hash))
+	require.Equal(t, tier.History(""), res[0].History)
+	require.False(t, res[0].History.Confirms(""), "no history confirms nothing, not even no history")
+	require.Equal(t, tier.FastPending, res[1].State)
 }
 
 func TestErrorsSkipAndOpenTheBreaker(t *testing.T) {
@@ -128,7 +153,7 @@ func TestErrorsSkipAndOpenTheBreaker(t *testing.T) {
 	r := claim(f, context.Background())
 	require.Equal(t, tier.FastSkipped, r.State)
 	require.ErrorIs(t, r.Err, gobreaker.ErrOpenState)
-	require.Error(t, f.MarkDone(context.Background(), "svc", []guard.Event{e1}))
+	require.Error(t, f.MarkDone(context.Background(), "svc", "", []guard.Event{e1}))
 	require.Equal(t, before, m.CommandCount())
 }
 
@@ -212,11 +237,12 @@ func TestInspectReadsLeaseAndMarker(t *testing.T) {
 	require.Equal(t, tier.FastPending, m.State)
 	require.InDelta(t, 5*time.Second, m.TTL, float64(time.Second))
 
-	require.NoError(t, f.MarkDone(ctx, "svc", []guard.Event{e1}))
+	require.NoError(t, f.MarkDone(ctx, "svc", "0123456789ab", []guard.Event{e1}))
 	m, err = fastkey.Inspect(ctx, rdb, "idem", "svc", e1.ID)
 	require.NoError(t, err)
 	require.Equal(t, tier.FastDone, m.State)
 	require.Equal(t, e1.Hash, m.Hash)
+	require.Equal(t, tier.History("0123456789ab"), m.History)
 	require.InDelta(t, time.Hour, m.TTL, float64(time.Second))
 
 	require.NoError(t, rdb.Set(ctx, fastkey.Key("idem", "svc", e1.ID), "garbage", 0).Err())
@@ -256,7 +282,7 @@ func TestPartlyFailedClaimKeepsItsAnswersAndCountsAsAFailure(t *testing.T) {
 	bad := guard.Event{ID: "bad", Hash: guard.HashFields("bad")}
 	for i := range 2 {
 		good := guard.Event{ID: fmt.Sprintf("good_%d", i), Hash: guard.HashFields("good")}
-		res := f.Claim(context.Background(), "svc", []guard.Event{good, bad})
+		res := f.Claim(context.Background(), "svc", "", []guard.Event{good, bad})
 		require.Equal(t, tier.FastAcquired, res[0].State, "the readable key keeps its lease")
 		require.NotEmpty(t, res[0].Token)
 		require.Equal(t, tier.FastSkipped, res[1].State)

@@ -37,7 +37,7 @@ func BenchmarkDoneMarkerMemory(b *testing.B) {
 		id := fmt.Sprintf("evt_%012d", i)
 		events = append(events, guard.Event{ID: id, Hash: guard.HashFields(id, "user_42", "PAYMENT_COMPLETED", "1000")})
 		if len(events) == batch || i == b.N-1 {
-			if err := f.MarkDone(ctx, "payments", events); err != nil {
+			if err := f.MarkDone(ctx, "payments", "f3647a897925", events); err != nil { // a history as pgtier names one
 				b.Fatal(err)
 			}
 			events = events[:0]

@@ -25,7 +25,7 @@ func TestSentinelFailoverResumesTheFastTier(t *testing.T) {
 	f := failoverFilter(t, "sentinel", s.URL())
 	ctx := context.Background()
 	claim := func(i int) []tier.FastResult {
-		return f.Claim(ctx, "svc", []guard.Event{{ID: fmt.Sprintf("evt_%d", i), Hash: guard.HashFields("x")}})
+		return f.Claim(ctx, "svc", "", []guard.Event{{ID: fmt.Sprintf("evt_%d", i), Hash: guard.HashFields("x")}})
 	}
 	require.Equal(t, tier.FastAcquired, claim(-1)[0].State)
 

@@ -18,13 +18,29 @@ const minRedisVersion = "7.0"
 // ErrRedisTooOld is returned by CheckServer for a Redis older than minRedisVersion.
 var ErrRedisTooOld = errors.New("redis is too old for the fast tier")
 
+// ErrNoSuchDatabase is returned by CheckServer when the server refuses the
+// database number the client selects (redis://host:6379/N, beyond the
+// server's databases setting): every call would fail as if Redis were down.
+var ErrNoSuchDatabase = errors.New("redis has no database of the number the client selects")
+
 // CheckServer asks the server for its version and returns ErrRedisTooOld
-// (wrapped with the version) if it is older than minRedisVersion. Call it at
-// start: on an older Redis, turn the fast tier off or upgrade. A server that
+// (wrapped with the version) if it is older than minRedisVersion, or
+// ErrNoSuchDatabase if it refuses the client's database number. Call it at
+// start: both are settings to fix, not outages to wait out. A server that
 // does not answer is a plain error; the breaker handles that at run time.
 func CheckServer(ctx context.Context, rdb redis.UniversalClient) error {
 	info, err := rdb.Info(ctx, "server").Result()
 	if err != nil {
+		// go-redis sends SELECT as it opens a connection, and returns its
+		// refusal as the error of the command that opened it.
+		var reply redis.Error
+		if errors.As(err, &reply) && strings.HasPrefix(reply.Error(), "ERR DB index is out of range") {
+			db := "?"
+			if c, ok := rdb.(interface{ Options() *redis.Options }); ok {
+				db = strconv.Itoa(c.Options().DB)
+			}
+			return fmt.Errorf("%w: it answers SELECT %s with %q (the number at the end of the Redis URL)", ErrNoSuchDatabase, db, err.Error())
+		}
 		return fmt.Errorf("redis INFO server: %w", err)
 	}
 	return checkVersion(info)

@@ -2,8 +2,10 @@ package redistier
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/internal/testenv"
@@ -32,4 +34,25 @@ func TestCheckVersionRefusesRedisBefore7(t *testing.T) {
 func TestCheckServerOnTheLocalRedis(t *testing.T) {
 	rdb, _ := testenv.Redis(t)
 	require.NoError(t, CheckServer(context.Background(), rdb))
+}
+
+// TestCheckServerRefusesADatabaseTheServerLacks: a client whose URL names a
+// database number beyond the server's is a setting to fix
+// (ErrNoSuchDatabase), while a server that does not answer stays a plain
+// error, for the breaker.
+func TestCheckServerRefusesADatabaseTheServerLacks(t *testing.T) {
+	o, err := redis.ParseURL(testenv.RedisURL())
+	require.NoError(t, err)
+	o.DB, o.MaxRetries = 9999, -1
+	rdb := redis.NewClient(o)
+	defer rdb.Close()
+	err = CheckServer(context.Background(), rdb)
+	require.ErrorIs(t, err, ErrNoSuchDatabase)
+	require.ErrorContains(t, err, "SELECT 9999")
+
+	down := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), MaxRetries: -1})
+	defer down.Close()
+	err = CheckServer(context.Background(), down)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, ErrNoSuchDatabase)
 }

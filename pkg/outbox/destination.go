@@ -1,0 +1,160 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+
+	"github.com/idemhq/idem/internal/broker"
+	"github.com/idemhq/idem/internal/redact"
+	"github.com/idemhq/idem/internal/relay"
+)
+
+// Destination is where the messages enqueued To one name go: exactly one
+// of Queue, Exchange or URL.
+type Destination struct {
+	// Queue is an idem stream's queue: each message is published to it
+	// through the default exchange (to the partition of its Key, with
+	// Partitions), persistent, mandatory, confirmed, with its ID as the
+	// AMQP message ID.
+	Queue string
+	// Partitions is the Queue stream's partition count, as its consumers'
+	// consumer.Config.Partitions; 0 or 1: one queue, named Queue. A relay
+	// refuses to start when a database records another count for the
+	// stream: it would send a key's messages to another queue than the
+	// stream's publishers do.
+	Partitions int
+	// Exchange is any exchange; RoutingKey, if set, routes every message,
+	// and otherwise each routes by its Key.
+	Exchange, RoutingKey string
+	// URL is an http or https endpoint: each message is POSTed to it with
+	// its ID as the Idempotency-Key header. Basic auth in the URL
+	// (https://user:password@host/…) works; its password, and query
+	// parameters that name a credential (?access_token=…), are masked in
+	// every log line and stored error.
+	URL string
+	// Header is added to each request to URL (an Authorization bearer
+	// token, an API key). It may not name idem's own headers
+	// (Content-Type, Idempotency-Key, X-Idem-Event-Id, X-Idem-Type). Its
+	// values are never logged or stored.
+	Header http.Header
+	// Request, if set, is called on each request to URL just before it is
+	// sent, with every header set (to sign it, say). Its error fails that
+	// attempt, which is tried again after a backoff as a 5xx is; the
+	// error's text is logged and stored as the row's last error, Header's
+	// values masked, so it should hold no other secret.
+	Request func(*http.Request) error
+}
+
+// ownHeaders are the headers the relay sets on every request.
+var ownHeaders = []string{"Content-Type", "Idempotency-Key", "X-Idem-Event-Id", "X-Idem-Type"}
+
+// relayed checks d, named name, and returns it as the relay takes it.
+// Its errors name the destination and the field, and quote a URL with its
+// credentials masked and no header's value.
+func (d Destination) relayed(name string) (relay.Destination, error) {
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("outbox: destination %q: %s", name, fmt.Sprintf(format, args...))
+	}
+	if err := checkField(name, 0, false); err != nil || name == "" {
+		return relay.Destination{}, fmt.Errorf("outbox: destination %q: the name must be non-empty valid UTF-8 without NUL (it is stored as Message.To)", name)
+	}
+	set := 0
+	for _, v := range []string{d.Queue, d.Exchange, d.URL} {
+		if v != "" {
+			set++
+		}
+	}
+	switch {
+	case set != 1:
+		return relay.Destination{}, fail("set exactly one of Queue, Exchange and URL")
+	case d.Queue == "" && d.Partitions != 0:
+		return relay.Destination{}, fail("Partitions is for a Queue destination")
+	case d.Exchange == "" && d.RoutingKey != "":
+		return relay.Destination{}, fail("RoutingKey is for an Exchange destination")
+	case d.URL == "" && (d.Header != nil || d.Request != nil):
+		return relay.Destination{}, fail("Header and Request are for a URL destination")
+	}
+	out := relay.Destination{Name: name}
+	switch {
+	case d.Queue != "":
+		if err := checkField(d.Queue, maxShortstr, false); err != nil {
+			return relay.Destination{}, fail("Queue %s", err)
+		}
+		if d.Partitions < 0 || d.Partitions > 1024 {
+			return relay.Destination{}, fail("Partitions %d: want 0 to 1024", d.Partitions)
+		}
+		out.Kind, out.Stream = relay.Queue, broker.TopologyFor(d.Queue, 0)
+		out.Stream.Partitions = d.Partitions
+	case d.Exchange != "":
+		if err := checkField(d.Exchange, maxShortstr, false); err != nil {
+			return relay.Destination{}, fail("Exchange %s", err)
+		}
+		if err := checkField(d.RoutingKey, maxShortstr, false); err != nil {
+			return relay.Destination{}, fail("RoutingKey %s", err)
+		}
+		out.Kind, out.Exchange, out.RoutingKey = relay.Exchange, d.Exchange, d.RoutingKey
+	default:
+		u, err := url.Parse(d.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return relay.Destination{}, fail("URL %q: want an absolute http or https URL", redact.URL(d.URL))
+		}
+		if err := checkHeader(d.Header); err != nil {
+			return relay.Destination{}, fail("Header: %v", err)
+		}
+		out.Kind, out.URL, out.Header, out.Request = relay.HTTP, d.URL, d.Header.Clone(), d.Request
+	}
+	return out, nil
+}
+
+// checkHeader refuses a header net/http would refuse to send on every
+// attempt, or one that names idem's own. It quotes names, never values.
+func checkHeader(h http.Header) error {
+	for k, vs := range h {
+		if k == "" || strings.IndexFunc(k, func(r rune) bool { return !isTokenChar(r) }) >= 0 {
+			return fmt.Errorf("%q is not a valid header name", k)
+		}
+		for _, own := range ownHeaders {
+			if http.CanonicalHeaderKey(k) == own {
+				return fmt.Errorf("%s is idem's own header", own)
+			}
+		}
+		for _, v := range vs {
+			if strings.IndexFunc(v, func(r rune) bool { return (r < ' ' && r != '\t') || r == 0x7f }) >= 0 {
+				return fmt.Errorf("%s: a value holds a control character", http.CanonicalHeaderKey(k))
+			}
+		}
+	}
+	return nil
+}
+
+// isTokenChar reports whether r may appear in a header name (RFC 9110's
+// tchar).
+func isTokenChar(r rune) bool {
+	return r < 0x7f && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("!#$%&'*+-.^_`|~", r))
+}
+
+// relayedAll checks every destination and returns them as the relay takes
+// them.
+func relayedAll(ds map[string]Destination) (map[string]relay.Destination, error) {
+	if len(ds) == 0 {
+		return nil, errors.New("outbox: Destinations is required")
+	}
+	order := make([]string, 0, len(ds))
+	for name := range ds {
+		order = append(order, name)
+	}
+	sort.Strings(order) // the first bad one, every time
+	out := make(map[string]relay.Destination, len(ds))
+	for _, name := range order {
+		rd, err := ds[name].relayed(name)
+		if err != nil {
+			return nil, err
+		}
+		out[name] = rd
+	}
+	return out, nil
+}
