@@ -243,6 +243,16 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 		letters: make(chan letter[T], c.cfg.Prefetch)}
 	c.live.Store(w.acker)
 	defer c.live.Store(nil)
+	if probe {
+		// A probe that meets no delivery finds the queue empty: resume
+		// (the switch stays armed) rather than stay unready for nothing.
+		idle := time.AfterFunc(c.cfg.KillSwitch.Probe.Min+c.cfg.HandlerTimeout, func() {
+			if c.kill.probeIdle() {
+				w.resume()
+			}
+		})
+		defer idle.Stop()
+	}
 	workersDone := w.start(workCtx, sub.deliveries)
 
 	cause := c.awaitEnd(ctx, connClosed, pub, sub, workersDone, ends)

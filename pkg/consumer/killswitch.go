@@ -29,9 +29,11 @@ var defaultProbeBackoff = Backoff{Min: 10 * time.Second, Max: 5 * time.Minute}
 
 // KillSwitch stops a consumer whose handler fails for distinct events in the
 // same way: a broken deploy (a migration forgotten, a permission revoked, a
-// downstream gone), not bad messages. Without it such a consumer retries each
+// handler bug), not bad messages. Without it such a consumer retries each
 // event DeliveryLimit times and dead-letters the whole stream while it looks
-// healthy.
+// healthy. (A network error from the handler, a downstream gone, reads as
+// the store unreachable: it is held in place, as a Postgres outage is, and
+// never reaches the switch.)
 //
 // Only failures that may be the deploy's count: a handler or store error
 // retried with backoff (handler_failed, store_failed, commit_failed,
@@ -39,18 +41,31 @@ var defaultProbeBackoff = Backoff{Min: 10 * time.Second, Max: 5 * time.Minute}
 // for a missing table), else its reason. A message the consumer rejects for
 // what it is (undecodable, a payload conflict, a data or integrity error,
 // outside the horizon, Reject) is poison and never counts; it counts only
-// among the events settled. The switch trips when, within Window, at least
-// Threshold distinct events failed with one class and they are at least Rate
-// of the events settled or failed in that window.
+// among the events settled. The switch trips when at least Threshold
+// distinct events failed with one class in a streak (each failure of the
+// class within Window of the one before it, however long it lasts: with
+// one event in flight at a time, each takes its retries before the next),
+// and the events that failed within Window (of any class that counts) are
+// at least Rate of the events settled or failed in that window.
 //
 // Tripped, the consumer stops taking deliveries and hands back every one it
-// holds: the broker counts each hand-back against BrokerDeliveryLimit, but
-// the consumer does not count it against DeliveryLimit, and no event is
-// dead-lettered for the class the switch tripped on. Stats.Tripped says why (so /readyz is
-// not ready). After Probe's backoff a session takes one delivery per queue:
-// processed, and the consumer resumes; the same class of failure, and it is
-// handed back and the next probe waits longer; anything else is handled as
-// ever (a poison message is dead-lettered) and the probe goes on.
+// holds untried, and no event is dead-lettered for the failures that
+// tripped it. RabbitMQ counts each hand-back as a delivery (x-delivery-count,
+// which the consumer reads as its attempts too): a trip that lasts through
+// about BrokerDeliveryLimit probes lets the broker dead-letter the messages
+// handed back most often (with x-death, without idem's reason header;
+// idem dlq replays them). Stats.Tripped says why (so /readyz is not ready).
+// After Probe's backoff a session takes one delivery per queue:
+// processed, and the consumer resumes; a failure that counts, and it is
+// handed back and the next probe waits longer; poison is handled as ever
+// (dead-lettered) and the probe goes on. A probe that finds no delivery
+// within Probe.Min and a handler timeout resumes too: the queue is empty,
+// and a consumer with nothing to do is not kept unready for a cause it can
+// no longer test. After a resume the switch stays armed for Window: the
+// first failure of the class it tripped on trips it again at once, and the
+// probes keep their longer wait, so that a deploy broken for one kind of
+// event gives each of those events one attempt per probe, not
+// DeliveryLimit.
 //
 // While half of Threshold (two at least) distinct events failed with one
 // class at that rate, an event of the class that exhausts DeliveryLimit is
@@ -146,17 +161,29 @@ type killSwitch struct {
 	now func() time.Time
 
 	mu sync.Mutex
-	// failures are the window's failures, oldest first; byClass and ids
-	// count them by class and event, and by event.
+	// failures are the window's failures, oldest first; ids counts them by
+	// event, for the rate.
 	failures []failure
-	byClass  map[string]map[string]int
 	ids      map[string]int
+	// streaks are the distinct events failed with each class, while its
+	// failures keep coming within Window of each other; at most Threshold
+	// are kept.
+	streaks map[string]*streak
 	// settled counts the window's other settled events, in buckets of a
 	// sixtieth of the window, oldest first; nSettled is their sum.
 	settled  []tally
 	nSettled int
 	open     *trip // nil while closed
-	trips    int   // trips and failed probes since the switch opened
+	trips    int   // trips and failed probes since the switch first opened
+	// armed is the class the switch last tripped on, until armedUntil: its
+	// next failure trips the switch again at once.
+	armed      string
+	armedUntil time.Time
+}
+
+type streak struct {
+	ids  map[string]bool
+	last time.Time
 }
 
 type failure struct {
@@ -177,10 +204,11 @@ type trip struct {
 	since         time.Time
 	probeAt       time.Time // when the next probe starts
 	probing       bool
+	seen          bool // the probe met a delivery
 }
 
 func newKillSwitch(cfg KillSwitch, log *slog.Logger, obs Observer) *killSwitch {
-	return &killSwitch{cfg: cfg, log: log, obs: obs, now: time.Now, byClass: map[string]map[string]int{}, ids: map[string]int{}}
+	return &killSwitch{cfg: cfg, log: log, obs: obs, now: time.Now, ids: map[string]int{}, streaks: map[string]*streak{}}
 }
 
 // failed records that the event id failed with class, its error reading
@@ -193,32 +221,44 @@ func (k *killSwitch) failed(id, class, sample string) killVerdict {
 	defer k.mu.Unlock()
 	now := k.now()
 	if o := k.open; o != nil {
-		if class != o.class {
-			return killNone // another failure: handled as ever, and the probe goes on
-		}
+		// Open, every failure that counts is handed back: the deploy is
+		// broken, whatever class this one fails with.
 		if o.probing {
+			o.seen = true
 			k.trips++
 			delay := k.cfg.Probe.Delay(k.trips)
 			o.probing, o.probeAt, o.sample = false, now.Add(delay), sample
-			k.log.Warn("kill switch: the probe failed the same way; every delivery handed back, probing again later",
-				"class", o.class, "err", o.sample, "probe_in", delay.Round(time.Millisecond), "probes_failed", k.trips-1)
+			k.log.Warn("kill switch: the probe failed; every delivery handed back, probing again later",
+				"class", class, "err", o.sample, "probe_in", delay.Round(time.Millisecond), "probes_failed", k.trips-1)
 		}
+		return killOpen
+	}
+	k.disarm(now)
+	if k.armed != "" && class == k.armed {
+		k.trips++
+		k.trip(now, class, sample, 1, 1, true)
 		return killOpen
 	}
 	k.prune(now)
 	k.failures = append(k.failures, failure{at: now, class: class, id: id})
-	if k.byClass[class] == nil {
-		k.byClass[class] = map[string]int{}
-	}
-	k.byClass[class][id]++
 	k.ids[id]++
-	n := len(k.byClass[class])
-	share := float64(n) / float64(k.nSettled+len(k.ids))
+	st := k.streaks[class]
+	if st == nil {
+		st = &streak{ids: map[string]bool{}}
+		k.streaks[class] = st
+	}
+	st.last = now
+	if len(st.ids) < k.cfg.Threshold {
+		st.ids[id] = true
+	}
+	n := len(st.ids)
+	share := float64(len(k.ids)) / float64(k.nSettled+len(k.ids))
 	switch {
 	case share < k.cfg.Rate:
 		return killNone
 	case n >= k.cfg.Threshold:
-		k.trip(now, class, sample, n, share)
+		k.trips = 1
+		k.trip(now, class, sample, n, share, false)
 		return killOpen
 	case n >= max(2, (k.cfg.Threshold+1)/2):
 		return killSuspect
@@ -226,16 +266,40 @@ func (k *killSwitch) failed(id, class, sample string) killVerdict {
 	return killNone
 }
 
-// trip opens the switch on class. Callers hold k.mu.
-func (k *killSwitch) trip(now time.Time, class, sample string, n int, share float64) {
-	k.trips = 1
+// disarm forgets the class the switch last tripped on once its Window
+// has passed, and with it the probes' longer wait. Callers hold k.mu.
+func (k *killSwitch) disarm(now time.Time) {
+	if k.armed != "" && !now.Before(k.armedUntil) {
+		k.armed, k.trips = "", 0
+	}
+}
+
+// trip opens the switch on class; again: it closed within Window of its
+// last trip, on the same class. Callers hold k.mu and set k.trips.
+func (k *killSwitch) trip(now time.Time, class, sample string, n int, share float64, again bool) {
 	delay := k.cfg.Probe.Delay(k.trips)
 	k.open = &trip{class: class, sample: sample, events: n, share: share, since: now, probeAt: now.Add(delay)}
+	k.armed = ""
 	k.reset()
 	k.obs.Count(wire.CounterKillSwitchTrips, 1)
+	if again {
+		k.log.Error("kill switch tripped again: the class it tripped on failed again soon after it closed; consuming nothing and handing back every delivery unspent until a probe succeeds",
+			"class", class, "err", sample, "probe_in", delay.Round(time.Millisecond), "probes_failed", k.trips-1)
+		return
+	}
 	k.log.Error("kill switch tripped: distinct events all fail the same way, which is the deploy's fault, not theirs; consuming nothing and handing back every delivery unspent until a probe succeeds",
-		"class", class, "events", n, "share", fmt.Sprintf("%.0f%%", 100*share), "window", k.cfg.Window, "err", k.open.sample,
+		"class", class, "events", n, "share", fmt.Sprintf("%.0f%%", 100*share), "window", k.cfg.Window, "err", sample,
 		"probe_in", delay.Round(time.Millisecond))
+}
+
+// close closes the open switch, armed on its class. Callers hold k.mu.
+func (k *killSwitch) close(now time.Time, why string) {
+	t := k.open
+	k.log.Info("kill switch closed: "+why+"; consuming again", "class", t.class,
+		"open_for", now.Sub(t.since).Round(time.Millisecond), "probes_failed", k.trips-1)
+	k.open = nil
+	k.armed, k.armedUntil = t.class, now.Add(k.cfg.Window)
+	k.reset()
 }
 
 // settle records a delivery settled with o (not a retry), and reports
@@ -248,17 +312,18 @@ func (k *killSwitch) settle(id string, o guard.Outcome) bool {
 	defer k.mu.Unlock()
 	now := k.now()
 	if t := k.open; t != nil {
+		if t.probing {
+			t.seen = true
+		}
 		// Only an event the handler applied proves the deploy works: a
 		// duplicate never ran it.
 		if !t.probing || o != guard.OutcomeProcessed {
 			return false
 		}
-		k.log.Info("kill switch closed: a probe was processed; consuming again", "class", t.class,
-			"open_for", now.Sub(t.since).Round(time.Millisecond), "probes_failed", k.trips-1)
-		k.open, k.trips = nil, 0
-		k.reset()
+		k.close(now, "a probe was processed")
 		return true
 	}
+	k.disarm(now)
 	k.prune(now)
 	if k.ids[id] > 0 {
 		return false // counted among the failures
@@ -272,24 +337,23 @@ func (k *killSwitch) settle(id string, o guard.Outcome) bool {
 	return false
 }
 
-// prune forgets what fell out of the window. Callers hold k.mu.
+// prune forgets what fell out of the window, and the streaks that ended.
+// Callers hold k.mu.
 func (k *killSwitch) prune(now time.Time) {
 	cut := now.Add(-k.cfg.Window)
 	i := 0
 	for ; i < len(k.failures) && !k.failures[i].at.After(cut); i++ {
-		f := k.failures[i]
-		byID := k.byClass[f.class]
-		if byID[f.id]--; byID[f.id] == 0 {
-			delete(byID, f.id)
-			if len(byID) == 0 {
-				delete(k.byClass, f.class)
-			}
-		}
-		if k.ids[f.id]--; k.ids[f.id] == 0 {
-			delete(k.ids, f.id)
+		id := k.failures[i].id
+		if k.ids[id]--; k.ids[id] == 0 {
+			delete(k.ids, id)
 		}
 	}
 	k.failures = k.failures[i:]
+	for class, st := range k.streaks {
+		if !st.last.After(cut) {
+			delete(k.streaks, class)
+		}
+	}
 	j := 0
 	for ; j < len(k.settled) && !k.settled[j].at.After(cut); j++ {
 		k.nSettled -= k.settled[j].n
@@ -300,7 +364,7 @@ func (k *killSwitch) prune(now time.Time) {
 // reset forgets the window. Callers hold k.mu.
 func (k *killSwitch) reset() {
 	k.failures, k.settled, k.nSettled = nil, nil, 0
-	clear(k.byClass)
+	clear(k.streaks)
 	clear(k.ids)
 }
 
@@ -331,6 +395,19 @@ func (k *killSwitch) awaitProbe(stop <-chan struct{}) bool {
 		k.open.probing = true
 		k.log.Info("kill switch: probing with one delivery per queue", "class", k.open.class)
 	}
+	return true
+}
+
+// probeIdle closes the switch, armed, if it is probing and its probe met
+// no delivery: the queue is empty. It reports whether it closed it.
+func (k *killSwitch) probeIdle() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	t := k.open
+	if t == nil || !t.probing || t.seen {
+		return false
+	}
+	k.close(k.now(), "the probe found no delivery (the queue is empty)")
 	return true
 }
 

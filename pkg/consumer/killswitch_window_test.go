@@ -47,8 +47,9 @@ func TestTheKillSwitchCountsDistinctEventsOfOneClassAtARate(t *testing.T) {
 	require.Equal(t, killSuspect, k.failed("b", "42P01", errMissing), "a second event failing the same way is suspect")
 	require.Equal(t, killNone, k.failed("x", "handler_failed", "boom"), "another class is counted apart")
 
-	// Good events and poison dilute the rate: 3 of 3+1+4 is below half.
-	for i := range 3 {
+	// Good events and poison dilute the rate: the 4 events that failed
+	// (of any class) are below half of 4+5.
+	for i := range 4 {
 		k.settle(fmt.Sprint("good", i), guard.OutcomeProcessed)
 	}
 	k.settle("poison", guard.OutcomeDeadLettered)
@@ -68,9 +69,9 @@ func TestTheKillSwitchCountsDistinctEventsOfOneClassAtARate(t *testing.T) {
 	require.Contains(t, why, `relation "ledger" does not exist`)
 	require.Contains(t, why, "next probe in")
 
-	// Open: the class is handed back, whatever the event; others go on.
+	// Open: every failure that counts is handed back, whatever its class.
 	require.Equal(t, killOpen, k.failed("g", "42P01", errMissing))
-	require.Equal(t, killNone, k.failed("h", "handler_failed", "boom"))
+	require.Equal(t, killOpen, k.failed("h", "handler_failed", "boom"))
 	require.False(t, k.settle("i", guard.OutcomeProcessed), "not probing yet: nothing closes it")
 }
 
@@ -101,9 +102,7 @@ func TestAProbeClosesTheSwitchOnlyOnAProcessedEvent(t *testing.T) {
 	why, _ := k.state()
 	require.Contains(t, why, "probing with one delivery")
 
-	require.Equal(t, killNone, k.failed("c", "handler_failed", "boom"), "another failure: the probe goes on")
-	require.True(t, k.probing())
-	require.Equal(t, killOpen, k.failed("c", "42P01", errMissing), "the same failure: handed back")
+	require.Equal(t, killOpen, k.failed("c", "42P01", errMissing), "a failure that counts: handed back")
 	require.False(t, k.probing())
 	k.mu.Lock()
 	wait := k.open.probeAt.Sub(*now)
@@ -118,7 +117,100 @@ func TestAProbeClosesTheSwitchOnlyOnAProcessedEvent(t *testing.T) {
 	require.True(t, k.settle("f", guard.OutcomeProcessed))
 	why, _ = k.state()
 	require.Empty(t, why)
-	require.Equal(t, killNone, k.failed("g", "42P01", errMissing), "the window starts afresh")
+
+	// Armed for a window: another class starts afresh, the class it
+	// tripped on trips it again at once, with a longer wait.
+	require.Equal(t, killNone, k.failed("g", "handler_failed", "boom"), "another class starts afresh")
+	require.Equal(t, killOpen, k.failed("h", "42P01", errMissing), "the class it tripped on, soon after: again at once")
+	require.Equal(t, 2, tc.trips)
+	k.mu.Lock()
+	again := k.open.probeAt.Sub(*now)
+	k.mu.Unlock()
+	require.GreaterOrEqual(t, again, 2*time.Second, "the probes keep their longer wait (4s, jittered down to 2s at least)")
+
+	// A window after it closed, the class is forgotten.
+	*now = now.Add(again)
+	require.True(t, k.awaitProbe(stop))
+	require.True(t, k.settle("i", guard.OutcomeProcessed))
+	*now = now.Add(time.Minute)
+	require.Equal(t, killNone, k.failed("j", "42P01", errMissing), "a window later: counted afresh")
+}
+
+// TestAProbeThatMeetsNoDeliveryResumes: a probing switch whose probe saw
+// no delivery (the queue is empty) closes, armed; one that saw one does
+// not.
+func TestAProbeThatMeetsNoDeliveryResumes(t *testing.T) {
+	k, now, _ := testSwitch(KillSwitch{Threshold: 1, Probe: Backoff{Min: time.Second, Max: 4 * time.Second}})
+	require.Equal(t, killOpen, k.failed("a", "42P01", errMissing))
+	require.False(t, k.probeIdle(), "not probing yet")
+	*now = now.Add(time.Second)
+	require.True(t, k.awaitProbe(make(chan struct{})))
+	require.False(t, k.settle("b", guard.OutcomeDuplicateRedis), "a duplicate proves nothing")
+	require.False(t, k.probeIdle(), "the probe met a delivery: it decides")
+
+	k, now, _ = testSwitch(KillSwitch{Threshold: 1, Probe: Backoff{Min: time.Second, Max: 4 * time.Second}})
+	require.Equal(t, killOpen, k.failed("a", "42P01", errMissing))
+	*now = now.Add(time.Second)
+	require.True(t, k.awaitProbe(make(chan struct{})))
+	require.True(t, k.probeIdle(), "an empty queue: resume")
+	why, _ := k.state()
+	require.Empty(t, why)
+	require.Equal(t, killOpen, k.failed("c", "42P01", errMissing), "armed: the first failure of its class trips it again")
+}
+
+// TestOneEventAtATimeTripsAtTheDefaults replays, on the switch's own
+// clock, what handle (batch.go) does with a broken deploy when the
+// consumer holds one failing event at a time (Prefetch 1, or KeyOrder's
+// in-place retries on one worker), with every default of Config: each
+// attempt calls failed; killNone at attempt >= DeliveryLimit dead-letters;
+// killSuspect retries up to BrokerDeliveryLimit. The class's streak
+// outlives the window while its failures keep coming, so the fifth
+// distinct event trips it, after four dead letters (two at DeliveryLimit,
+// two suspects at BrokerDeliveryLimit).
+func TestOneEventAtATimeTripsAtTheDefaults(t *testing.T) {
+	cfg := Config{URL: "amqp://", Queue: "q"}
+	cfg.setDefaults()
+	require.NoError(t, cfg.validate())
+	now := time.Unix(1_700_000_000, 0)
+	k := newKillSwitch(cfg.KillSwitch, slog.New(slog.DiscardHandler), nopObserver{})
+	k.now = func() time.Time { return now }
+
+	deadLettered, tripped := 0, false
+	for e := 0; e < 100 && !tripped; e++ {
+		id := fmt.Sprint("evt_", e)
+		for attempt := 1; ; attempt++ {
+			v := k.failed(id, "42P01", errMissing)
+			if v == killOpen {
+				tripped = true
+				break
+			}
+			suspect := v == killSuspect
+			if attempt >= cfg.DeliveryLimit && !(suspect && attempt < cfg.BrokerDeliveryLimit) {
+				deadLettered++
+				break
+			}
+			now = now.Add(cfg.RetryBackoff.Delay(attempt))
+		}
+		now = now.Add(10 * time.Millisecond) // the next delivery
+	}
+	require.True(t, tripped, "100 distinct events failed one after another; %d dead-lettered", deadLettered)
+	require.LessOrEqual(t, deadLettered, 4)
+}
+
+// TestFailuresSplitOverClassesTrip: a forgotten migration that adds a
+// table, a column and a function makes three event types fail with 42P01,
+// 42703 and 42883. Each class is a third of the events, but every event
+// fails: the rate counts the failures of every class, and the first class
+// to reach Threshold trips the switch.
+func TestFailuresSplitOverClassesTrip(t *testing.T) {
+	k, _, tc := testSwitch(KillSwitch{})
+	classes := []string{"42P01", "42703", "42883"}
+	for i := range 60 {
+		k.failed(fmt.Sprint("evt_", i), classes[i%3], "the migration was not applied")
+	}
+	require.Equal(t, 1, tc.trips)
+	_, class := k.state()
+	require.Equal(t, "42P01", class)
 }
 
 // TestAnOffSwitchNeverTrips: Off leaves every failure to the retry and
