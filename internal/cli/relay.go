@@ -140,23 +140,20 @@ func runRelays(ctx context.Context, rs []*relay.Relay) {
 	wg.Wait()
 }
 
-// withRelayHealth adds the relays' lines to h's /readyz: ready only if both
-// are.
+// withRelayHealth adds the relays' lines to the /readyz of idem consume,
+// reported but not required: a destination that fails does not make a
+// consumer that consumes unready (idem relay alone requires them).
 func withRelayHealth(h http.Handler, rs []*relay.Relay) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", h)
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, r)
-		ok, lines := relay.ReadyLines(r.Context(), rs)
-		body := rec.Body.String()
-		code := rec.Code
-		if !ok && code == http.StatusOK {
-			code, body = http.StatusServiceUnavailable, strings.Replace(body, "ready\n", "not ready\n", 1)
-		}
+		_, lines := relay.ReadyLines(r.Context(), rs)
+		lines = strings.Replace(lines, "relay: failing: ", "relay: failing (not required): ", 1)
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.WriteHeader(code)
-		fmt.Fprint(w, body+lines)
+		w.WriteHeader(rec.Code)
+		fmt.Fprint(w, rec.Body.String()+lines)
 	})
 	return mux
 }

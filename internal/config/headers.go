@@ -3,7 +3,6 @@ package config
 import (
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 
 	"github.com/idemhq/idem/internal/relay"
@@ -17,11 +16,6 @@ type headerRef struct {
 
 // String names the entry as written, without its value.
 func (h headerRef) String() string { return h.dest + ":" + h.name }
-
-// ownHeaders are the headers a relay or net/http sets on every request: one
-// configured would be overwritten or dropped.
-var ownHeaders = []string{"Content-Type", "Idempotency-Key", "X-Idem-Type", "X-Idem-Event-Id",
-	"Host", "Content-Length", "Transfer-Encoding", "Trailer", "Connection"}
 
 // parseHeaders reads outbox.headers: <destination>:<Header-Name>=env:<VARIABLE>
 // entries separated by spaces or newlines. Its errors never quote what
@@ -43,7 +37,7 @@ func parseHeaders(s string) ([]headerRef, error) {
 		switch {
 		case !isToken(name):
 			return nil, fmt.Errorf("%s: %q is not a header name (letters, digits and !#$%%&'*+-.^_`|~)", h, name)
-		case isOwnHeader(name):
+		case relay.ReservedHeader(name):
 			return nil, fmt.Errorf("%s: idem or HTTP sets this header itself", h)
 		case seen[dest+":"+http.CanonicalHeaderKey(name)]:
 			return nil, fmt.Errorf("%s: header given twice", h)
@@ -133,10 +127,6 @@ func isToken(s string) bool {
 		}
 	}
 	return true
-}
-
-func isOwnHeader(name string) bool {
-	return slices.ContainsFunc(ownHeaders, func(h string) bool { return strings.EqualFold(h, name) })
 }
 
 // isEnvName reports whether s can name an environment variable a shell

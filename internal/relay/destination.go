@@ -41,8 +41,10 @@ type Destination struct {
 	// stored or quoted in an error.
 	Header http.Header
 	// Request, if set, is called on each HTTP request just before it is
-	// sent, after idem's headers are set (to sign it, say). An error fails
-	// that attempt, to be tried again.
+	// sent, after idem's headers are set (to sign it, say), bounded by the
+	// request's context. An error, or no answer within PublishTimeout,
+	// holds the row back without spending an attempt (it was never sent)
+	// and is reported by Ready.
 	Request func(*http.Request) error
 }
 

@@ -84,12 +84,13 @@ func TestAnHTTPDestinationsHeadersAreSentAndIdemsOwnWin(t *testing.T) {
 	require.Equal(t, []string{"k1", "k2"}, d.Header["X-Api-Key"], "the destination's own header is left as it was")
 }
 
-// TestARequestHooksErrorIsRetriedAndQuotesNoHeader: the hook sees the
-// request with every header set (to sign it); its error fails the attempt
-// without making the row dead, and the error stored and logged quotes
-// none of the destination's header values, even where the hook's does.
-func TestARequestHooksErrorIsRetriedAndQuotesNoHeader(t *testing.T) {
-	const secret = "Zq7sentinelTOKEN"
+// TestARequestHooksErrorIsHeldBackAndQuotesNoHeader: the hook sees the
+// request with every header set (to sign it); its error is no answer of
+// the destination's: the row is skipped, its attempt not spent, and the
+// error, held for the pass to report, quotes none of the destination's
+// header values nor those the hook set, even where the hook's does.
+func TestARequestHooksErrorIsHeldBackAndQuotesNoHeader(t *testing.T) {
+	const secret, signer = "Zq7sentinelTOKEN", "Zq7sentinelSIGNER"
 	var calls atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
@@ -103,7 +104,8 @@ func TestARequestHooksErrorIsRetriedAndQuotesNoHeader(t *testing.T) {
 		Request: func(r *http.Request) error {
 			require.Equal(t, "Bearer "+secret, r.Header.Get("Authorization"))
 			if fail {
-				return errors.New("signing key not loaded yet for " + r.Header.Get("Authorization"))
+				r.Header.Set("X-Signer", signer)
+				return errors.New("signing key not loaded yet for " + r.Header.Get("Authorization") + " by " + signer)
 			}
 			r.Header.Set("X-Signature", "sig:"+r.Header.Get("Idempotency-Key"))
 			return nil
@@ -112,14 +114,74 @@ func TestARequestHooksErrorIsRetriedAndQuotesNoHeader(t *testing.T) {
 	w := &row{scope: "pay", eventID: "e1", ctype: "application/json"}
 	res := s.send(context.Background(), d, w)
 	require.False(t, res.sent)
-	require.False(t, res.final, "a hook's error is tried again")
-	require.False(t, res.skipped, "a hook's error spends the attempt")
-	require.ErrorContains(t, res.err, "signing key not loaded yet")
-	require.NotContains(t, res.err.Error(), secret)
+	require.True(t, res.skipped, "a hook's error spends no attempt")
+	require.NoError(t, res.err)
+	require.EqualError(t, res.held, "the request hook: signing key not loaded yet for "+redact.Mask+" by "+redact.Mask)
 	require.Zero(t, calls.Load(), "a request whose hook failed is not sent")
 
 	fail = false
 	res = s.send(context.Background(), d, w)
 	require.True(t, res.sent, "%v", res.err)
 	require.EqualValues(t, 1, calls.Load())
+}
+
+// TestAHeldBackRowSkipsTheRestOfItsKey: a row whose hook fails holds
+// back the later rows of its key, so that none overtakes it, and the pass
+// reports the hook's error once per destination with the rows it held.
+func TestAHeldBackRowSkipsTheRestOfItsKey(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer srv.Close()
+	dests := map[string]Destination{
+		"signed": {Kind: HTTP, URL: srv.URL, Request: func(r *http.Request) error {
+			if r.Header.Get("X-Idem-Event-Id") == "bad" {
+				return errors.New("no key")
+			}
+			return nil
+		}},
+		"plain": {Kind: HTTP, URL: srv.URL},
+	}
+	rows := []*row{
+		{destination: "signed", key: "k", eventID: "bad"},
+		{destination: "signed", key: "k", eventID: "after"},
+		{destination: "signed", key: "j", eventID: "other"},
+		{destination: "plain", key: "k", eventID: "plain"},
+	}
+	results := make([]result, len(rows))
+	err := newHTTPSender(5*time.Second, 0).sendAll(context.Background(), dests, rows, []int{0, 1, 2, 3}, results)
+	require.EqualError(t, err, "http: destination signed: the request hook: no key; 1 request(s) not sent, no attempt spent")
+	require.True(t, results[0].skipped)
+	require.Error(t, results[0].held)
+	require.Equal(t, result{skipped: true}, results[1], "it waits behind the row held back")
+	require.True(t, results[2].sent, "%v", results[2].err)
+	require.True(t, results[3].sent, "%v", results[3].err)
+}
+
+// TestAHungRequestHookIsLeftAtTheRequestsTimeout: a hook that ignores
+// req.Context() holds its row no longer than the request's timeout, then
+// is reported; when the pass's context ends first, the row is skipped
+// without a word.
+func TestAHungRequestHookIsLeftAtTheRequestsTimeout(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	d := Destination{Kind: HTTP, URL: "http://127.0.0.1:1/", Request: func(*http.Request) error { <-release; return nil }}
+	w := &row{scope: "pay", eventID: "e1", ctype: "application/json"}
+	res := newHTTPSender(50*time.Millisecond, 0).send(context.Background(), d, w)
+	require.True(t, res.skipped)
+	require.ErrorContains(t, res.held, "the request hook: did not return within 50ms")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	res = newHTTPSender(time.Hour, 0).send(ctx, d, w)
+	require.Equal(t, result{skipped: true}, res)
+}
+
+// TestReservedHeaders: the headers idem or net/http sets, in any case,
+// and every X-Idem- one; not the others.
+func TestReservedHeaders(t *testing.T) {
+	for _, h := range []string{"content-type", "Idempotency-Key", "X-Idem-Event-Id", "x-idem-type", "X-IDEM-Tenant", "Host", "content-length", "Transfer-Encoding", "Trailer", "Connection"} {
+		require.True(t, ReservedHeader(h), h)
+	}
+	for _, h := range []string{"Authorization", "X-Api-Key", "X-Idem", "X-Idempotent", "User-Agent"} {
+		require.False(t, ReservedHeader(h), h)
+	}
 }

@@ -147,9 +147,10 @@ func New(cfg Config) (*Relay, error) {
 	return r, nil
 }
 
-// Ready returns nil once a pass has run and the last one reached its
-// destinations, and the broker has not refused the relay's connection
-// lately, or why not.
+// Ready returns nil once a pass has run, the last one reached the
+// database, the last one with rows reached their destinations (their
+// request hooks too), and the broker has not refused the relay's
+// connection lately; otherwise why not.
 func (r *Relay) Ready() error {
 	if s := r.ready.Load().(string); s != "" {
 		return errors.New(s)
@@ -174,33 +175,49 @@ func (r *Relay) Run(ctx context.Context) error {
 	backoff := r.cfg.BackoffMin
 	idle := 0      // passes in a row that found nothing
 	fruitless := 0 // passes in a row that claimed rows and sent none, all refused
+	// A pass that claims nothing (its lanes empty, or their rows waiting
+	// out a backoff) says nothing of the destinations: what the last pass
+	// with rows found stands until the next.
+	var unreached error   // that pass could not reach a destination, or a request hook failed
+	var lastRefused error // the last publish a destination refused
 	for ctx.Err() == nil {
 		p, err := r.pass(ctx)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			r.ready.Store(err.Error())
-			r.log.Warn("relay pass failed; retrying", "err", err, "in", backoff)
-			sleep(ctx, jitter(backoff))
-			backoff = min(2*backoff, max(r.cfg.BackoffMin, maxPassBackoff))
-			continue
-		case err == nil:
-			backoff = r.cfg.BackoffMin
+		if ctx.Err() != nil {
+			break
+		}
+		if p.lastErr != nil {
+			lastRefused = p.lastErr
+		}
+		if p.claimed > 0 {
+			unreached = err
 			switch {
-			case p.claimed == 0: // rows waiting out their backoff say nothing
+			case err != nil: // its answers say nothing of the rows it did not reach
 			case p.sent > 0 || p.failed == 0:
 				fruitless = 0
 			default:
 				fruitless++
 			}
-			if fruitless >= fruitlessPasses {
-				// Every destination answers, and refuses everything: the
-				// rows are not lost (they retry, then go dead), but the
-				// relay is not doing its job and must say so.
-				r.ready.Store(fmt.Sprintf("the last %d passes sent nothing: every publish failed (the last: %v)", fruitless, p.lastErr))
-			} else {
-				r.ready.Store("")
-			}
 		}
+		switch {
+		case err != nil:
+			r.ready.Store(err.Error())
+		case unreached != nil:
+			r.ready.Store(unreached.Error())
+		case fruitless >= fruitlessPasses:
+			// Every destination answers, and refuses everything: the
+			// rows are not lost (they retry, then go dead), but the
+			// relay is not doing its job and must say so.
+			r.ready.Store(fmt.Sprintf("the last %d passes sent nothing: every publish failed (the last: %v)", fruitless, lastRefused))
+		default:
+			r.ready.Store("")
+		}
+		if err != nil {
+			r.log.Warn("relay pass failed; retrying", "err", err, "in", backoff)
+			sleep(ctx, jitter(backoff))
+			backoff = min(2*backoff, max(r.cfg.BackoffMin, maxPassBackoff))
+			continue
+		}
+		backoff = r.cfg.BackoffMin
 		if p.claimed > 0 {
 			idle = 0
 			continue
@@ -252,6 +269,9 @@ type result struct {
 	// skipped: not tried (an earlier row of its key failed, or the
 	// destination could not be reached); the row stays as it was.
 	skipped bool
+	// held, with skipped: why the row was not sent though its destination
+	// may be fine (its request hook failed), for the pass to report.
+	held error
 }
 
 // claim takes up to BatchSize pending rows, due now, of the pass's lanes.
@@ -330,8 +350,8 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, lanes []int16) ([]*row, er
 }
 
 // publish sends every row to its destination and returns each row's
-// result. The error, if any, is a destination that could not be reached
-// (its rows are skipped, not failed).
+// result. The error, if any, is a destination that could not be reached,
+// or a request hook that failed (their rows are skipped, not failed).
 func (r *Relay) publish(ctx context.Context, rows []*row) ([]result, error) {
 	results := make([]result, len(rows))
 	var amqpRows, httpRows []int

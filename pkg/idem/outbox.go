@@ -73,7 +73,10 @@ func (s *Service[T]) openRelay() error {
 // checks and ends if the relay cannot start (a queue destination's
 // partition count differs from its stream's), and stop, which stops the
 // relay and returns why it could not start. Call stop after the
-// consumer's drain, so that what the drain committed leaves too.
+// consumer's drain, so that the relay keeps publishing while it runs. stop
+// does not flush the outbox: the relay is cancelled at once, and rows the
+// drain committed after its last pass wait for the next pass of any
+// instance's relay.
 func (s *Service[T]) startRelay(ctx context.Context) (context.Context, func() error) {
 	if s.destinations != nil {
 		ctx = tier.WithDestinations(ctx, s.destinations)
@@ -99,15 +102,17 @@ func (s *Service[T]) startRelay(ctx context.Context) (context.Context, func() er
 	}
 }
 
-// relayChecks are the relay's lines of /readyz: "relay" (required: its
-// last pass on each database reached it and its destinations) and
-// "outbox" (reported: dead rows).
+// relayChecks are the relay's lines of /readyz, both reported, not
+// required: "relay" (its last pass on each database reached it and its
+// destinations) and "outbox" (dead rows). A destination that fails says
+// nothing of the consumer, which goes on committing its messages to the
+// outbox: it must not take every instance out of service.
 func (s *Service[T]) relayChecks() []check {
 	if s.relay == nil {
 		return nil
 	}
 	return []check{
-		{name: "relay", required: true, run: func(context.Context) error { return s.relay.Ready() }},
+		{name: "relay", run: func(context.Context) error { return s.relay.Ready() }},
 		{name: "outbox", run: func(ctx context.Context) error {
 			var errs []string
 			for i, db := range s.dbs {

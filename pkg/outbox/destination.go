@@ -37,20 +37,25 @@ type Destination struct {
 	// every log line and stored error.
 	URL string
 	// Header is added to each request to URL (an Authorization bearer
-	// token, an API key). It may not name idem's own headers
-	// (Content-Type, Idempotency-Key, X-Idem-Event-Id, X-Idem-Type). Its
-	// values are never logged or stored.
+	// token, an API key). It may not name a header idem sets
+	// (Content-Type, Idempotency-Key, any X-Idem-…) or net/http does
+	// (Host, Content-Length, Transfer-Encoding, Trailer, Connection). Its
+	// values are never logged, and are masked wherever an answer or an
+	// error quotes them, but for one under 4 bytes: too short to be a
+	// credential, and masking it would garble ordinary words.
 	Header http.Header
 	// Request, if set, is called on each request to URL just before it is
-	// sent, with every header set (to sign it, say). Its error fails that
-	// attempt, which is tried again after a backoff as a 5xx is; the
-	// error's text is logged and stored as the row's last error, Header's
-	// values masked, so it should hold no other secret.
+	// sent, with every header set (to sign it, or to set a token it
+	// fetches); the values it adds or changes are masked as Header's are.
+	// It must return once req.Context() ends: the relay waits for it at
+	// most PublishTimeout, and never past the pass's end or Run's, then
+	// leaves it running and the request unsent. Its error, or its not
+	// returning, is no answer of the destination's and spends no attempt:
+	// the message stays pending, and the relay logs the error (masked as
+	// above, so it should hold no other secret), backs off as from a
+	// broker outage, and says so in Ready.
 	Request func(*http.Request) error
 }
-
-// ownHeaders are the headers the relay sets on every request.
-var ownHeaders = []string{"Content-Type", "Idempotency-Key", "X-Idem-Event-Id", "X-Idem-Type"}
 
 // relayed checks d, named name, and returns it as the relay takes it.
 // Its errors name the destination and the field, and quote a URL with its
@@ -111,16 +116,15 @@ func (d Destination) relayed(name string) (relay.Destination, error) {
 }
 
 // checkHeader refuses a header net/http would refuse to send on every
-// attempt, or one that names idem's own. It quotes names, never values.
+// attempt, or one that idem or net/http sets itself. It quotes names,
+// never values.
 func checkHeader(h http.Header) error {
 	for k, vs := range h {
 		if k == "" || strings.IndexFunc(k, func(r rune) bool { return !isTokenChar(r) }) >= 0 {
 			return fmt.Errorf("%q is not a valid header name", k)
 		}
-		for _, own := range ownHeaders {
-			if http.CanonicalHeaderKey(k) == own {
-				return fmt.Errorf("%s is idem's own header", own)
-			}
+		if relay.ReservedHeader(k) {
+			return fmt.Errorf("%s: idem or net/http sets this header itself", http.CanonicalHeaderKey(k))
 		}
 		for _, v := range vs {
 			if strings.IndexFunc(v, func(r rune) bool { return (r < ' ' && r != '\t') || r == 0x7f }) >= 0 {

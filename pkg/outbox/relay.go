@@ -193,7 +193,8 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 }
 
 // Run relays until ctx ends, then returns nil once every pass in progress
-// has ended (within PublishTimeout and a second) and its connections are
+// has ended (within PublishTimeout and a second; a request hook that
+// ignores its request's context is left running) and its connections are
 // closed. At the start it checks each queue destination's Partitions
 // against the count each database records for its stream, waiting up to
 // two minutes for a database that is not up yet; it returns a mismatch, or
@@ -221,9 +222,10 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // Ready returns nil while the relay works: each database's last pass
-// reached it and the destinations it had rows for, and the broker has not
-// refused the relay's connection lately. Otherwise (not started yet,
-// unreachable, every publish refused) it says why.
+// reached it, its last pass with rows reached their destinations, and the
+// broker has not refused the relay's connection lately. Otherwise (not
+// started yet, unreachable, a request hook failing, every publish refused)
+// it says why.
 func (r *Relay) Ready() error {
 	var errs []error
 	for i, loop := range r.loops {
