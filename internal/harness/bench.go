@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemhq/idem/internal/bench"
 	"github.com/idemhq/idem/internal/cli"
+	"github.com/idemhq/idem/internal/sandbox"
 )
 
 func runBench(ctx context.Context, e *cli.Env, args []string) error {
@@ -47,6 +48,8 @@ every postgres, beam.smp and redis-server process.`)
 	dir := fs.String("dir", "", "worker logs go here (default: a temporary directory)")
 	profile := fs.Bool("profile", false, "write a CPU profile of each worker into --dir")
 	render := fs.String("render", "", "run nothing: print the table (and write --svg) from the JSON `file` of an earlier run")
+	standby := fs.String("standby", "", "run on a PostgreSQL of the run's own instead of the configured one: `none` (alone), async (with a streaming standby) or sync (with a synchronous standby), to measure what a standby costs")
+	standbyLatency := fs.Duration("standby-latency", 0, "with --standby async or sync, delay the standby's replication connection by this much each way (a standby in another zone)")
 	outboxRows := fs.Bool("outbox", false, "run the outbox rows instead: relay throughput with confirms (one and two relays, --events rows prefilled), commit-to-delivery latency and the two-hop pipeline's latency at --rate (default 2000 with --outbox) for --latency-for")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -66,6 +69,15 @@ every postgres, beam.smp and redis-server process.`)
 	cfg, _, err := e.LoadConfig("")
 	if err != nil {
 		return err
+	}
+	if *standby != "" {
+		dbURL, remove, err := benchPostgres(*standby, *standbyLatency)
+		if err != nil {
+			return err
+		}
+		defer remove()
+		cfg.DatabaseURL = dbURL
+		fmt.Fprintf(e.Stdout, "idem-lab bench: on a PostgreSQL of the run's own (fsync off), standby: %s, replication latency %s each way\n", *standby, *standbyLatency)
 	}
 	bin, err := os.Executable()
 	if err != nil {
@@ -126,6 +138,26 @@ every postgres, beam.smp and redis-server process.`)
 		}
 	}
 	return nil
+}
+
+// benchPostgres starts the PostgreSQL that --standby names, and returns
+// the primary's own URL (no proxy in between) and what removes it.
+func benchPostgres(standby string, latency time.Duration) (string, func(), error) {
+	switch standby {
+	case "none":
+		pg, err := sandbox.StartPostgres("")
+		if err != nil {
+			return "", nil, err
+		}
+		return pg.URL(), pg.Remove, nil
+	case "async", "sync":
+		p, err := sandbox.StartPair("", sandbox.PairConfig{Synchronous: standby == "sync", ReplicationLatency: latency})
+		if err != nil {
+			return "", nil, err
+		}
+		return p.Primary.URL(), p.Remove, nil
+	}
+	return "", nil, fmt.Errorf("bench: --standby %q: want none, async or sync", standby)
 }
 
 // writeChart writes the bar chart of results to path, if path is set.

@@ -44,3 +44,18 @@ func (s *PostgresServer) Stop() {
 		s.t.Fatal(err)
 	}
 }
+
+// PostgresTool returns the path of an installed PostgreSQL program
+// (pg_dump, pg_restore…) of the sandbox clusters' version, or skips the
+// test when there is none.
+func PostgresTool(t testing.TB, name string) string {
+	t.Helper()
+	p, err := sandbox.Tool(name)
+	if errors.Is(err, sandbox.ErrNoInitdb) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

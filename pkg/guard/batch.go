@@ -279,7 +279,16 @@ func (g *Guard) processInStore(ctx context.Context, b *Batch, apply BatchApplyFu
 	}
 	defer rollback(ctx, tx)
 	if len(claimed) == 0 {
-		return history, nil // nothing to apply or commit; the deferred rollback ends tx
+		// Nothing to apply. Commit all the same: a claim that found rows
+		// made its commit wait for the standbys that synchronous_commit
+		// names (pgtier.Store.Claim), and only then may they be acked.
+		began := time.Now()
+		err := tx.Commit(ctx)
+		g.obs.ObserveStage(ctx, StageCommit, 0, time.Since(began), err)
+		if err != nil {
+			return "", &StoreError{Op: StoreCommit, Err: err, Shard: named}
+		}
+		return history, nil
 	}
 	slices.Sort(claimed)
 	if err := g.applyAndCommit(ctx, tx, b.events, claimed, apply, named); err != nil {

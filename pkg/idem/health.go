@@ -10,11 +10,13 @@ import (
 )
 
 // check is one readiness condition: nil when it holds. Required checks
-// make /readyz fail; the others are only reported.
+// make /readyz fail; the others are only reported. detail, if set, is
+// what the line says after "ok".
 type check struct {
 	name     string
 	required bool
 	run      func(ctx context.Context) error
+	detail   func() string
 }
 
 // checkTimeout bounds each readiness check.
@@ -24,13 +26,17 @@ const checkTimeout = time.Second
 // /readyz answers 200 while the consumer consumes and every database
 // answers, and 503 otherwise (saying why, when RabbitMQ refuses the
 // connection or drops it during the handshake, or when the kill switch
-// stopped the consumer). Its body has one line per
-// check, including those reported but not required: Redis (without it
-// events go to Postgres, correctly), the broker blocking publishers (dead
-// letters wait, acks go on) and messages stranded in queues outside the
-// stream's layout. With a relay (Config.Outbox), /readyz also requires it
-// to work ("relay") and reports dead outbox rows ("outbox"). Mount it on
-// the service's own mux, or serve it alone.
+// stopped the consumer). Its body has one line per check, including those
+// reported but not required: Redis (without it events go to Postgres,
+// correctly), the broker blocking publishers (dead letters wait, acks go
+// on), messages stranded in queues outside the stream's layout, and each
+// database's standbys as last read, at start and every 30 s
+// ("replication": failing when it has standbys and none is synchronous, so
+// that an acked event can be lost on failover). With a relay
+// (Config.Outbox), /readyz also reports whether it works ("relay": a
+// failing destination does not make a consumer that consumes unready) and
+// dead outbox rows ("outbox"). Mount it on the service's own mux, or serve
+// it alone.
 func (s *Service[T]) Health() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -94,6 +100,13 @@ func (s *Service[T]) checks() []check {
 			}
 			return s.rdb.Ping(ctx).Err()
 		}},
+		{name: "replication", run: func(context.Context) error {
+			_, err := s.repl.Check()
+			return err
+		}, detail: func() string {
+			d, _ := s.repl.Check()
+			return d
+		}},
 	}, s.relayChecks()...)
 }
 
@@ -112,6 +125,8 @@ func runChecks(ctx context.Context, checks []check) (bool, string) {
 	for i, c := range checks {
 		err := <-errs[i]
 		switch {
+		case err == nil && c.detail != nil:
+			fmt.Fprintf(&b, "%s: ok: %s\n", c.name, c.detail())
 		case err == nil:
 			fmt.Fprintf(&b, "%s: ok\n", c.name)
 		case c.required:

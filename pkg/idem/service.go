@@ -17,6 +17,7 @@ import (
 	"github.com/idemhq/idem/internal/layout"
 	"github.com/idemhq/idem/internal/pgerr"
 	"github.com/idemhq/idem/internal/pgsession"
+	"github.com/idemhq/idem/internal/replication"
 	"github.com/idemhq/idem/migrations"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
@@ -37,6 +38,7 @@ type Service[T any] struct {
 	dbs     []*pgxpool.Pool
 	ownDBs  bool
 	stores  []*pgtier.Store
+	repl    *replication.Watcher  // each shard's standbys, for the log, /readyz and metrics
 	rdb     redis.UniversalClient // nil: Postgres alone
 	ownRDB  bool
 	fast    *redistier.Filter
@@ -113,9 +115,12 @@ func (s *Service[T]) open() error {
 		}
 		s.dbs, s.ownDBs = []*pgxpool.Pool{pool}, true
 	}
-	for _, p := range s.dbs {
+	dbs := make([]replication.Querier, len(s.dbs))
+	for i, p := range s.dbs {
 		s.stores = append(s.stores, pgtier.New(p))
+		dbs[i] = p
 	}
+	s.repl = replication.NewWatcher(dbs, s.log)
 	if cfg.Metrics != nil {
 		m, err := metrics.New(cfg.Metrics)
 		if err != nil {
@@ -125,6 +130,9 @@ func (s *Service[T]) open() error {
 			m.AddReasons(r.Reasons()...)
 		}
 		if err := m.WatchConsumer(s.Stats); err != nil {
+			return fmt.Errorf("idem: Metrics: %w", err)
+		}
+		if err := cfg.Metrics.Register(s.repl.Collector()); err != nil {
 			return fmt.Errorf("idem: Metrics: %w", err)
 		}
 		s.metrics = m
@@ -230,6 +238,12 @@ func (s *Service[T]) Run(ctx context.Context) error {
 			pruning.Go(func() { s.pruneEvery(pctx, every, db, s.log.With("shard", i)) })
 		}
 	}
+	// Whether an acked event survives a failover: read now and every
+	// replication.Every, logged when it changes.
+	rctx, stopWatching := context.WithCancel(ctx)
+	var watching sync.WaitGroup
+	watching.Go(func() { s.repl.Run(rctx, replication.Every) })
+	defer func() { stopWatching(); watching.Wait() }()
 	err = c.Run(cctx)
 	if rerr := stopRelay(); rerr != nil && err == nil {
 		err = rerr

@@ -223,6 +223,8 @@ func TestMetricsAfterAKnownStream(t *testing.T) {
 		{"idem_untimed_accepted_total", nil, 0},
 		{"idem_retention_rows_pruned_total", nil, 0},
 		{"idem_postgres_errors_total", nil, 0},
+		{"idem_postgres_standbys", []string{"shard", "0"}, 0}, // the shared server has none
+		{"idem_postgres_sync_standbys", []string{"shard", "0"}, 0},
 		{"idem_redis_errors_total", []string{"op", "fast_claim", "kind", "server"}, 0},
 		{"idem_build_info", nil, 1},
 		{"idem_outbox_attempts_total", []string{"destination", "receipts", "result", "sent"}, 0},
@@ -261,6 +263,7 @@ func TestMetricsAfterAKnownStream(t *testing.T) {
 	require.Contains(t, text, "redis: failing (not required)")
 	require.Contains(t, text, "relay: ok")
 	require.Contains(t, text, "outbox: ok: 0 pending")
+	require.Contains(t, text, "replication: ok: no standby")
 	code, _ = get(t, "http://"+addr+"/healthz")
 	require.Equal(t, http.StatusOK, code)
 

@@ -177,8 +177,41 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, events []gua
 	if err := s.resolveExisting(ctx, tx, scope, events, out); err != nil {
 		return nil, "", err
 	}
+	if err := s.awaitFound(ctx, tx, out); err != nil {
+		return nil, "", err
+	}
 	return out, tier.History(history), nil
 }
+
+// awaitFound makes a transaction that inserts nothing but found rows
+// write a WAL record, so that its COMMIT waits, as one that inserts does,
+// for what synchronous_commit asks: a synchronous standby's flush of
+// everything before it, the rows found included. A row found may be a
+// commit the server kept after its client gave up waiting for the standby
+// (a cancelled wait is not a rollback): acked as a duplicate on its word
+// alone, the event would be lost with it on failover.
+func (s *Store) awaitFound(ctx context.Context, tx pgx.Tx, out []tier.ClaimResult) error {
+	found := false
+	for _, r := range out {
+		switch r {
+		case tier.ClaimInserted:
+			return nil // the commit writes WAL of its own
+		case tier.ClaimDuplicate, tier.ClaimConflict:
+			found = true
+		}
+	}
+	if !found {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, awaitFoundQuery); err != nil {
+		return fmt.Errorf("claim dedup rows: mark the transaction for the standby: %w", err)
+	}
+	return nil
+}
+
+// awaitFoundQuery writes a transactional WAL record that nothing decodes:
+// the cheapest write that gives a transaction an ID and a commit record.
+const awaitFoundQuery = `SELECT pg_logical_emit_message(true, 'idem', '')`
 
 // untimedEvery is how often one Store records that it claimed an untimed
 // event (idem_horizon.untimed_claimed_at).
