@@ -157,7 +157,7 @@ func runDLQList(ctx context.Context, e *Env, args []string) error {
 	sort.SliceStable(reasons, func(i, j int) bool { return groups[reasons[i]].n > groups[reasons[j]].n })
 	for _, r := range reasons {
 		g := groups[r]
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t\n", r, g.n, age(now, g.oldest), age(now, g.newest))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t\n", inert(r), g.n, age(now, g.oldest), age(now, g.newest))
 	}
 	return tw.Flush()
 }
@@ -233,11 +233,12 @@ func printDeadLetter(w io.Writer, n int, m dlq.Message, now time.Time) {
 	d := m.D
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "--- dead letter %d\n", n)
-	fmt.Fprintf(tw, "event_id:\t%s\n", m.EventID)
-	fmt.Fprintf(tw, "message_id:\t%s\n", d.MessageId)
-	fmt.Fprintf(tw, "reason:\t%s\n", m.Reason)
-	fmt.Fprintf(tw, "error:\t%s\n", m.Error)
-	fmt.Fprintf(tw, "queue:\t%s\n", m.Queue)
+	// Every text below is the producer's, or may be: each is inert.
+	fmt.Fprintf(tw, "event_id:\t%s\n", inert(m.EventID))
+	fmt.Fprintf(tw, "message_id:\t%s\n", inert(d.MessageId))
+	fmt.Fprintf(tw, "reason:\t%s\n", inert(m.Reason))
+	fmt.Fprintf(tw, "error:\t%s\n", inert(m.Error))
+	fmt.Fprintf(tw, "queue:\t%s\n", inert(m.Queue))
 	fmt.Fprintf(tw, "attempts:\t%d\n", m.Attempts)
 	fmt.Fprintf(tw, "replays:\t%d\n", m.Replays)
 	if !m.DeadLetteredAt.IsZero() {
@@ -246,28 +247,19 @@ func printDeadLetter(w io.Writer, n int, m dlq.Message, now time.Time) {
 	if !d.Timestamp.IsZero() {
 		fmt.Fprintf(tw, "timestamp:\t%s\n", d.Timestamp.UTC().Format(time.RFC3339))
 	}
-	fmt.Fprintf(tw, "body:\t%s\n", printable(d.Body))
+	fmt.Fprintf(tw, "body:\t%s\n", inert(string(d.Body)))
 	_ = tw.Flush()
 	// The producer's headers, and the broker's x-death; not those printed
 	// above, nor x-delivery-count, which counts this queue's reads.
 	for _, k := range slices.Sorted(maps.Keys(d.Headers)) {
 		if !slices.Contains(shownHeaders, k) {
-			fmt.Fprintf(w, "header %s: %v\n", k, d.Headers[k])
+			fmt.Fprintf(w, "header %s: %s\n", inert(k), inert(fmt.Sprint(d.Headers[k])))
 		}
 	}
 }
 
 var shownHeaders = []string{wire.HeaderReason, wire.HeaderError, wire.HeaderQueue, wire.HeaderDeliveryCount,
 	wire.HeaderDeadLetteredAt, wire.HeaderDeadLetterID, wire.HeaderEventID, dlq.HeaderReplays, dlq.HeaderPublishID, "x-delivery-count"}
-
-// printable quotes a body that is not plain text.
-func printable(b []byte) string {
-	s := string(b)
-	if strings.ToValidUTF8(s, "\uFFFD") != s || strings.ContainsFunc(s, func(r rune) bool { return r < ' ' && r != '\t' }) {
-		return fmt.Sprintf("%q", s)
-	}
-	return s
-}
 
 // showConflicts prints, for each payload conflict, the dedup row it
 // collided with: when the original was processed and both hashes.
@@ -282,7 +274,7 @@ func (e *Env) showConflicts(ctx context.Context, cfg config.Config, ms []dlq.Mes
 	fmt.Fprintln(tw, "EVENT_ID\tORIGINAL PROCESSED AT\tORIGINAL HASH\tDEAD LETTER'S HASH")
 	for _, m := range ms {
 		if m.EventID == "" {
-			fmt.Fprintf(tw, "%s\t(the dead letter names no event)\t\t%s\n", m.D.MessageId, m.PayloadHash)
+			fmt.Fprintf(tw, "%s\t(the dead letter names no event)\t\t%s\n", inert(m.D.MessageId), inert(m.PayloadHash))
 			continue
 		}
 		var at time.Time
@@ -293,11 +285,11 @@ func (e *Env) showConflicts(ctx context.Context, cfg config.Config, ms []dlq.Mes
 			cfg.Scope, m.EventID).Scan(&at, &hash)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
-			fmt.Fprintf(tw, "%s\t(no dedup row: pruned?)\t\t%s\n", m.EventID, m.PayloadHash)
+			fmt.Fprintf(tw, "%s\t(no dedup row: pruned?)\t\t%s\n", inert(m.EventID), inert(m.PayloadHash))
 		case err != nil:
 			return dbErr(err)
 		default:
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.EventID, at.UTC().Format(time.RFC3339Nano), hex.EncodeToString(hash), m.PayloadHash)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", inert(m.EventID), at.UTC().Format(time.RFC3339Nano), hex.EncodeToString(hash), inert(m.PayloadHash))
 		}
 	}
 	return tw.Flush()
@@ -349,11 +341,11 @@ replaying an event that was processed is a harmless duplicate. Say which:
 		}
 		if !*dry {
 			if err := r.Replay(ctx, m); err != nil {
-				return dlq.Stop, fmt.Errorf("event %s: %w (it stays in %s)", m.EventID, err, q.DLQ)
+				return dlq.Stop, fmt.Errorf("event %s: %w (it stays in %s)", inert(m.EventID), err, q.DLQ)
 			}
 		}
 		replayed++
-		fmt.Fprintf(e.Stdout, "%s %s (reason %s, replays before: %d)\n", verb, m.EventID, m.Reason, m.Replays)
+		fmt.Fprintf(e.Stdout, "%s %s (reason %s, replays before: %d)\n", verb, inert(m.EventID), inert(m.Reason), m.Replays)
 		if *dry {
 			return dlq.Keep, nil
 		}

@@ -198,7 +198,7 @@ func inspectRedis(ctx context.Context, tw io.Writer, cfg config.Config, id strin
 		return err
 	}
 	defer rdb.Close()
-	key := fastkey.Key(cfg.Redis.Prefix, cfg.Scope, id)
+	key := inert(fastkey.Key(cfg.Redis.Prefix, cfg.Scope, id))
 	m, err := fastkey.Inspect(ctx, rdb, cfg.Redis.Prefix, cfg.Scope, id)
 	switch {
 	case err != nil:
@@ -250,7 +250,7 @@ func inspectOutbox(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, scope,
 		return dbErr(err)
 	}
 	for _, m := range msgs {
-		fmt.Fprintf(tw, "outgoing %d%s:	message %s to %s, key %q: %s\n", m.Index, on, m.MessageID, m.Destination, m.Key, describeMessage(m, replay))
+		fmt.Fprintf(tw, "outgoing %d%s:	message %s to %s, key %q: %s\n", m.Index, on, inert(m.MessageID), m.Destination, m.Key, describeMessage(m, replay))
 	}
 	return nil
 }
@@ -261,9 +261,9 @@ func describeMessage(m relay.Message, replay string) string {
 	case m.State == "sent" && m.SentAt != nil:
 		return fmt.Sprintf("sent %s, %s after its commit, attempt %d", m.SentAt.UTC().Format(time.RFC3339Nano), m.SentAt.Sub(m.CreatedAt).Round(time.Millisecond), m.Attempts)
 	case m.State == "dead":
-		return fmt.Sprintf("DEAD after %d attempt(s): %s (%s --id %d)", m.Attempts, m.LastError, replay, m.ID)
+		return fmt.Sprintf("DEAD after %d attempt(s): %s (%s --id %d)", m.Attempts, inert(m.LastError), replay, m.ID)
 	case m.Attempts > 0:
-		return fmt.Sprintf("pending, %d failed attempt(s), last: %s", m.Attempts, m.LastError)
+		return fmt.Sprintf("pending, %d failed attempt(s), last: %s", m.Attempts, inert(m.LastError))
 	}
 	return fmt.Sprintf("pending since %s", m.CreatedAt.UTC().Format(time.RFC3339Nano))
 }

@@ -258,8 +258,8 @@ every shard's dead rows, or with --shard S only that shard's.`
 			// The error may quote an HTTP destination's URL (rows written
 			// before the relay masked it): masked here, before the columns
 			// are aligned, rather than by the output's redactor after.
-			fmt.Fprintf(tw, "%s%d\t%s\t%s/%s#%d\t%s\t%s\t%s\t%d\t%s\t%s\n", shardPrefix(dbs, i), m.ID, m.MessageID, m.Scope, m.EventID, m.Index,
-				m.Destination, m.Key, m.State, m.Attempts, time.Since(m.CreatedAt).Round(time.Second), e.red.String(m.LastError))
+			fmt.Fprintf(tw, "%s%d\t%s\t%s/%s#%d\t%s\t%s\t%s\t%d\t%s\t%s\n", shardPrefix(dbs, i), m.ID, inert(m.MessageID), m.Scope, inert(m.EventID), m.Index,
+				m.Destination, inert(m.Key), m.State, m.Attempts, time.Since(m.CreatedAt).Round(time.Second), inert(e.red.String(m.LastError)))
 		}
 	}
 	return nil

@@ -39,7 +39,7 @@ import (
 // HeaderReplays counts how many times a message was replayed from the
 // dead-letter queue. It survives dead-lettering, so a message that keeps
 // coming back shows it.
-const HeaderReplays = "x-idem-replays"
+const HeaderReplays = wire.HeaderReplays
 
 // Message is one dead letter, with what the headers say about it.
 type Message struct {
@@ -395,7 +395,7 @@ func (p *publisher) send(ctx context.Context, queue string, msg amqp.Publishing)
 
 // HeaderReplayID marks each replay with the replaying run's ID, so that a
 // replay that fails again and comes back is recognised.
-const HeaderReplayID = "x-idem-replay-id"
+const HeaderReplayID = wire.HeaderReplayID
 
 // Replayer re-publishes dead letters onto the work queue.
 type Replayer struct {

@@ -62,11 +62,24 @@ func Parse(v string) (Marker, error) {
 	return Marker{}, fmt.Errorf("unexpected value %q", v)
 }
 
-// Key returns the Redis key for an event. Redis keys are binary safe and
-// neither prefix nor scope may contain ':', so any ID maps to one key.
+// Key returns the Redis key for an event: prefix:scope:id, or, for an ID
+// holding a brace, prefix:scope%:id with '%', '{' and '}' %-encoded. A
+// producer then cannot put a hash tag ({…}) in a key and pin the events it
+// names to one Redis Cluster slot; the key's tag, if any, is the prefix's.
+//
+// Any (scope, ID) maps to one key, and two map to two: neither prefix nor
+// scope may contain ':' (nor scope '%'), so the part between the first two
+// ':' tells the forms apart, and %-encoding '%' itself is reversible. An ID
+// without braces keeps the key it always had.
 func Key(prefix, scope, id string) string {
-	return prefix + ":" + scope + ":" + id
+	if !strings.ContainsAny(id, "{}") {
+		return prefix + ":" + scope + ":" + id
+	}
+	return prefix + ":" + scope + "%:" + braces.Replace(id)
 }
+
+// braces %-encodes what Key escapes in an ID.
+var braces = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 
 // Marker is what the fast tier holds for one event, for operators.
 type Marker struct {

@@ -270,3 +270,18 @@ func Secrets(conn string) []string {
 	}
 	return out
 }
+
+// Error returns err with the secrets of conns (and those of a recognisable
+// shape) masked in its text, for a library's error about a connection
+// setting: a URL parser quotes the URL, password and all. The result does
+// not unwrap to err, whose text still holds them.
+func Error(err error, conns ...string) error {
+	if err == nil {
+		return nil
+	}
+	return maskedError(New(conns...).String(err.Error()))
+}
+
+type maskedError string
+
+func (e maskedError) Error() string { return string(e) }

@@ -5,6 +5,8 @@
 // runtime's own, so they are not part of the public API.
 package wire
 
+import "strings"
+
 // Dead-letter reasons set by the runtime. Handlers add their own through Reject.
 const (
 	ReasonDecode          = "decode_error"
@@ -135,6 +137,25 @@ const (
 // HeaderDeadLetterID marks each dead letter so that a basic.return can be
 // matched to its publish.
 const HeaderDeadLetterID = "x-idem-dead-letter-id"
+
+// Headers a replay from the dead-letter queue sets, which survive a
+// dead letter: how many times the message was replayed, and the replay that
+// published it (an integer and a string; of a producer's x-idem-* headers,
+// only these survive, and only of those types).
+const (
+	HeaderReplays  = "x-idem-replays"
+	HeaderReplayID = "x-idem-replay-id"
+)
+
+// HeaderPrefix starts every header idem sets. A dead letter carries none
+// of a delivery's (but HeaderReplays and HeaderReplayID): a producer's
+// forged x-idem-event-id would otherwise name the dead letter for the tools.
+const HeaderPrefix = "x-idem-"
+
+// Ours reports whether header name is in idem's namespace, in any case.
+func Ours(name string) bool {
+	return len(name) >= len(HeaderPrefix) && strings.EqualFold(name[:len(HeaderPrefix)], HeaderPrefix)
+}
 
 // Reasons lists the dead-letter reasons the runtime and the broker write. A
 // handler's Decode and Apply add their own through Reject.

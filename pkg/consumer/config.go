@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemhq/idem/internal/broker"
+	"github.com/idemhq/idem/internal/redact"
 )
 
 // Defaults for Config, which WithDefaults fills in.
@@ -267,7 +268,7 @@ func (c *Config) validate() error {
 	case len(broker.SplitURLs(c.URL)) == 0:
 		return errors.New("consumer: URL is required")
 	case uriErr != nil:
-		return fmt.Errorf("consumer: URL: %w", uriErr)
+		return fmt.Errorf("consumer: URL: %w", redact.Error(uriErr, c.URL))
 	case c.Partitions < 0:
 		return fmt.Errorf("consumer: Partitions must not be negative, got %d", c.Partitions)
 	case c.StartupTimeout <= 0:

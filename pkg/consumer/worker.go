@@ -186,14 +186,7 @@ func (w *worker[T]) deadLetter(ctx context.Context, it item[T], reason string, c
 	cfg := &w.c.cfg
 	d := it.d
 	msg := truncate(cause.Error(), maxErrorHeader)
-	headers := amqp.Table{}
-	for k, v := range d.Headers {
-		headers[k] = v
-	}
-	// The broker's count of this delivery is not the replay's: a message
-	// replayed from the DLQ starts with a fresh budget. Ours is kept for
-	// diagnosis in "x-idem-delivery-count".
-	delete(headers, "x-delivery-count")
+	headers := letterHeaders(d.Headers)
 	headers[wire.HeaderReason] = reason
 	headers[wire.HeaderError] = msg
 	headers[wire.HeaderQueue] = cmp.Or(w.queueOf[d.ConsumerTag], cfg.Queue)
@@ -216,6 +209,30 @@ func (w *worker[T]) deadLetter(ctx context.Context, it item[T], reason string, c
 		Timestamp:    d.Timestamp, // the event's time travels with it
 		Body:         d.Body,
 	}}
+}
+
+// letterHeaders are the headers of a delivery a dead letter of it carries:
+// the producer's, but none in idem's namespace (x-idem-*, any case), which
+// the tools trust to name and explain a dead letter; a replay's count and
+// ID excepted, of their types. Nor the broker's x-delivery-count: a message
+// replayed from the DLQ starts with a fresh budget (ours is kept for
+// diagnosis in wire.HeaderDeliveryCount).
+func letterHeaders(in amqp.Table) amqp.Table {
+	out := amqp.Table{}
+	for k, v := range in {
+		if wire.Ours(k) || k == "x-delivery-count" {
+			continue
+		}
+		out[k] = v
+	}
+	switch v := in[wire.HeaderReplays].(type) {
+	case int8, int16, int32, int64, int:
+		out[wire.HeaderReplays] = v
+	}
+	if v, ok := in[wire.HeaderReplayID].(string); ok {
+		out[wire.HeaderReplayID] = v
+	}
+	return out
 }
 
 // sendLetters publishes the dead letters deadLetter hands it, one at a time,

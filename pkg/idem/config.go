@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemhq/idem/internal/redact"
 	"github.com/idemhq/idem/migrations"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
@@ -151,7 +152,7 @@ func (c *Config) fastOn() bool { return c.Redis != nil || c.RedisURL != "" }
 func redisOptions(url string) (*redis.Options, error) {
 	o, err := redis.ParseURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("idem: RedisURL: %w", err)
+		return nil, fmt.Errorf("idem: RedisURL: %w", redact.Error(err, url))
 	}
 	o.ContextTimeoutEnabled, o.MaxRetries = true, -1
 	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = time.Second, time.Second, time.Second

@@ -107,7 +107,7 @@ func (c *RelayConfig) validate() error {
 	}
 	for _, u := range broker.SplitURLs(c.AMQPURL) {
 		if _, err := amqp.ParseURI(u); err != nil {
-			return bad("AMQPURL: %s", redact.String(err.Error()))
+			return bad("AMQPURL: %w", redact.Error(err, u))
 		}
 	}
 	return nil

@@ -32,7 +32,8 @@ const pendingPrefix = fastkey.Pending
 
 // Config configures a Filter.
 type Config struct {
-	// Prefix starts every key: "<prefix>:<scope>:<event id>". Defaults to
+	// Prefix starts every key: "<prefix>:<scope>:<event id>" (braces in
+	// the ID escaped: docs/guard.md). Defaults to
 	// "idem". It may not contain ':'.
 	Prefix string
 	// Lease is how long a pending lease lives, so that a crashed
