@@ -1,8 +1,13 @@
 package testenv
 
 import (
+	"context"
 	"errors"
+	"net/url"
+	"os/exec"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemhq/idem/internal/sandbox"
 )
@@ -58,4 +63,51 @@ func PostgresTool(t testing.TB, name string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// RunPostgresTool runs an installed PostgreSQL program (PostgresTool's
+// name) with args, and fails the test with its output if it fails.
+func RunPostgresTool(t testing.TB, name string, args ...string) {
+	t.Helper()
+	out, err := exec.Command(PostgresTool(t, name), args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", name, err, out)
+	}
+}
+
+// Database creates a database of the test's own on the shared server and
+// returns its URL, and recreate, which drops it (closing its sessions) and
+// creates it again empty, as a restore into a re-created database starts.
+// It is dropped at the end of the test.
+func Database(t testing.TB) (dbURL string, recreate func()) {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, DatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "idem_" + Name(t)
+	do := func(sql string) error { _, err := admin.Exec(context.Background(), sql); return err }
+	if err := do("CREATE DATABASE " + name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := do("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); err != nil {
+			t.Logf("testenv: drop database %s: %v", name, err)
+		}
+		admin.Close(context.Background())
+	})
+	u, err := url.Parse(DatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	return u.String(), func() {
+		t.Helper()
+		for _, sql := range []string{"DROP DATABASE " + name + " WITH (FORCE)", "CREATE DATABASE " + name} {
+			if err := do(sql); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 }

@@ -3,6 +3,7 @@ package guard
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -283,7 +284,7 @@ func (g *Guard) processInStore(ctx context.Context, b *Batch, apply BatchApplyFu
 		// made its commit wait for the standbys that synchronous_commit
 		// names (pgtier.Store.Claim), and only then may they be acked.
 		began := time.Now()
-		err := tx.Commit(ctx)
+		err := commit(ctx, tx)
 		g.obs.ObserveStage(ctx, StageCommit, 0, time.Since(began), err)
 		if err != nil {
 			return "", &StoreError{Op: StoreCommit, Err: err, Shard: named}
@@ -424,10 +425,29 @@ func (g *Guard) applyAndCommit(ctx context.Context, tx pgx.Tx, events []Event, c
 		step.Reached(ctx, step.Applied)
 	}
 	began = time.Now()
-	err = tx.Commit(ctx)
+	err = commit(ctx, tx)
 	g.obs.ObserveStage(ctx, StageCommit, len(claimed), time.Since(began), err)
 	if err != nil {
 		return &StoreError{Op: StoreCommit, Err: err, Shard: shard}
+	}
+	return nil
+}
+
+// errCommitUnconfirmed: COMMIT answered, but after the attempt's deadline.
+var errCommitUnconfirmed = errors.New("COMMIT answered after the attempt's deadline: treated as of unknown outcome")
+
+// commit commits tx, and counts a COMMIT that answers after ctx ended as
+// of unknown outcome: a cancel that reached the server while the commit
+// waited for a synchronous standby ends that wait with a warning and a
+// success, the commit kept on the primary alone. Retried, the event's row
+// is found, and the claim that finds it waits for the standby (see
+// pgtier.Store.Claim) before anything is acked.
+func commit(ctx context.Context, tx pgx.Tx) error {
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return errCommitUnconfirmed
 	}
 	return nil
 }

@@ -2,39 +2,17 @@ package guard_test
 
 import (
 	"context"
-	"errors"
-	"net/url"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/migrations"
 	"github.com/idemhq/idem/pkg/guard"
 )
-
-// tool returns the path of an installed PostgreSQL program, or skips.
-func tool(t *testing.T, name string) string {
-	t.Helper()
-	p, err := sandbox.Tool(name)
-	if errors.Is(err, sandbox.ErrNoInitdb) {
-		t.Skip(err)
-	}
-	require.NoError(t, err)
-	return p
-}
-
-func run(t *testing.T, name string, args ...string) {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	require.NoError(t, err, "%s: %s", filepath.Base(name), out)
-}
 
 // migrated opens a pool on dbURL and applies the guard's tables and the
 // test handler's.
@@ -61,7 +39,6 @@ func migrated(t *testing.T, dbURL string) *pgxpool.Pool {
 // an event the dump holds is a duplicate, found by the database.
 func TestARestoredDumpIsANewHistory(t *testing.T) {
 	t.Parallel()
-	pgDump, pgRestore := tool(t, "pg_dump"), tool(t, "pg_restore")
 	for _, c := range []struct {
 		name     string
 		recreate bool
@@ -71,40 +48,22 @@ func TestARestoredDumpIsANewHistory(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
-			admin, err := pgx.Connect(ctx, testenv.DatabaseURL())
-			require.NoError(t, err)
-			t.Cleanup(func() { admin.Close(context.Background()) })
-			name := "idem_" + testenv.Name(t)
-			_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
-			require.NoError(t, err)
-			t.Cleanup(func() {
-				if _, err := admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-					t.Logf("drop database %s: %v", name, err)
-				}
-			})
-			u, err := url.Parse(testenv.DatabaseURL())
-			require.NoError(t, err)
-			u.Path = "/" + name
-			dbURL := u.String()
+			dbURL, recreate := testenv.Database(t)
 			pool := migrated(t, dbURL)
 			g, _, _ := redisRig(t, pool)
 
 			before, after := event("evt_before", 1), event("evt_after", 1)
 			require.Equal(t, guard.OutcomeProcessed, processAgain(t, g, before))
 			dump := filepath.Join(t.TempDir(), "dump")
-			run(t, pgDump, "-Fc", "-f", dump, "-d", dbURL)
+			testenv.RunPostgresTool(t, "pg_dump", "-Fc", "-f", dump, "-d", dbURL)
 			require.Equal(t, guard.OutcomeProcessed, processAgain(t, g, after))
 			require.Equal(t, guard.OutcomeDuplicateRedis, processAgain(t, g, after), "the marker is trusted before the restore")
 
 			if c.recreate {
-				_, err = admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
-				require.NoError(t, err)
-				_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
-				require.NoError(t, err)
-				run(t, pgRestore, "-d", dbURL, dump)
+				recreate()
+				testenv.RunPostgresTool(t, "pg_restore", "-d", dbURL, dump)
 			} else {
-				run(t, pgRestore, "--clean", "--if-exists", "-d", dbURL, dump)
+				testenv.RunPostgresTool(t, "pg_restore", "--clean", "--if-exists", "-d", dbURL, dump)
 			}
 			require.Equal(t, 0, ledgerRowsAt(t, dbURL, after.ID), "the restore's premise")
 

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -14,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -151,51 +148,24 @@ func TestABaseBackupRestoredMidStreamLosesOnlyWhatTheReSendApplies(t *testing.T)
 // applies exactly those, once.
 func TestADumpRestoredMidStreamLosesOnlyWhatTheReSendApplies(t *testing.T) {
 	t.Parallel()
-	pgDump, pgRestore := testenv.PostgresTool(t, "pg_dump"), testenv.PostgresTool(t, "pg_restore")
-	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, testenv.DatabaseURL())
-	require.NoError(t, err)
-	t.Cleanup(func() { admin.Close(context.Background()) })
-	name := "idem_" + testenv.Name(t)
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		if _, err := admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			t.Logf("drop database %s: %v", name, err)
-		}
-	})
-	u, err := url.Parse(testenv.DatabaseURL())
-	require.NoError(t, err)
-	u.Path = "/" + name
-	direct := u.String()
+	direct, recreate := testenv.Database(t)
 	link := faultLink(t, "postgres", direct)
 	db, dbURL := testenv.SchemaOn(t, viaLink(t, direct, link), testenv.Effects)
 	r := newStreamRig(t, db, dbURL)
 	r.stream(t, func() {
 		dump := filepath.Join(t.TempDir(), "dump")
-		run(t, pgDump, "-Fc", "-f", dump, "-d", direct)
+		testenv.RunPostgresTool(t, "pg_dump", "-Fc", "-f", dump, "-d", direct)
 		taken := r.acks.count()
 		require.Eventually(t, func() bool { return r.acks.count() >= taken+30 }, 30*time.Second, 5*time.Millisecond,
 			"events acked after the dump")
 		require.NoError(t, link.Reset())
-		_, err := admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
-		require.NoError(t, err)
-		_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
-		require.NoError(t, err)
-		run(t, pgRestore, "-d", direct, dump)
+		recreate()
+		testenv.RunPostgresTool(t, "pg_restore", "-d", direct, dump)
 		require.NoError(t, link.Heal())
 	})
 	lost := r.verdict(t, "restore of a dump")
 	require.NotEmpty(t, lost, "the premise: events acked after the dump are lost")
 	r.resend(t, lost)
-}
-
-// run runs an installed program and fails the test, with its output, if it
-// fails.
-func run(t *testing.T, name string, args ...string) {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	require.NoError(t, err, "%s: %s", filepath.Base(name), out)
 }
 
 // failoverRig is a streamRig on a primary and its standby, through the

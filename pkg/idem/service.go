@@ -312,6 +312,13 @@ func (s *Service[T]) startUp(ctx context.Context) (notBefore time.Time, former i
 		}); err != nil {
 			return notBefore, 0, err
 		}
+		// Every claim calls these: a role or engine without them is a
+		// setting to fix, said now, not a failure of every event.
+		if err := wait("checking the calls the guard's claims make", func(ctx context.Context) error {
+			return layout.CheckGuardCalls(ctx, pool, s.stores[i].History)
+		}); err != nil {
+			return notBefore, 0, fmt.Errorf("idem: %s: %w", what("database"), err)
+		}
 		// Publishers and consumers must split the stream alike.
 		if err := wait("checking the stream's partition count", func(ctx context.Context) error {
 			l, err := layout.CheckPartitions(ctx, pool, cc.Queue, max(cc.Partitions, 1))

@@ -250,10 +250,11 @@ func TestMetricsAfterAKnownStream(t *testing.T) {
 		require.Positive(t, s.value("idem_stage_duration_seconds", "stage", stage), stage)
 	}
 	// 4 transactions at least (the first events, the conflict, the Redis
-	// outage, the new events); as many applies and commits as batches
-	// with new events.
+	// outage, the new events); an apply per batch with new events, and a
+	// commit for each of those and for each batch whose rows the claim
+	// only found (it commits so that a synchronous standby has them).
 	require.GreaterOrEqual(t, s.value("idem_stage_duration_seconds", "stage", "store_claim"), 4.0)
-	require.Equal(t, s.value("idem_stage_duration_seconds", "stage", "apply"), s.value("idem_stage_duration_seconds", "stage", "commit"))
+	require.GreaterOrEqual(t, s.value("idem_stage_duration_seconds", "stage", "commit"), s.value("idem_stage_duration_seconds", "stage", "apply"))
 	require.Positive(t, s.value("go_goroutines"))
 	require.Positive(t, s.value("process_resident_memory_bytes"))
 
