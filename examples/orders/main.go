@@ -95,7 +95,15 @@ func serve(addr string, h http.Handler) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("ORDERS_HTTP_ADDR: %w", err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	// Probes and scrapes send no body and read a small answer: drop a
+	// client that is slow or idle rather than hold its connection.
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       5 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		IdleTimeout:       60 * time.Second,
+	}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			slog.Error("http", "err", err)

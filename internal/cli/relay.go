@@ -142,11 +142,12 @@ func runRelays(ctx context.Context, rs []*relay.Relay) {
 
 // withRelayHealth adds the relays' lines to the /readyz of idem consume,
 // reported but not required: a destination that fails does not make a
-// consumer that consumes unready (idem relay alone requires them).
+// consumer that consumes unready (idem relay alone requires them). The
+// backlogs are read at most once a second (telemetry.ReadyCache).
 func withRelayHealth(h http.Handler, rs []*relay.Relay) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", h)
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("/readyz", telemetry.CacheReady(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, r)
 		_, lines := relay.ReadyLines(r.Context(), rs)
@@ -154,7 +155,7 @@ func withRelayHealth(h http.Handler, rs []*relay.Relay) http.Handler {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.WriteHeader(rec.Code)
 		fmt.Fprint(w, rec.Body.String()+lines)
-	})
+	})))
 	return mux
 }
 

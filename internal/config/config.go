@@ -159,6 +159,10 @@ type Consumer struct {
 	// HandlerTimeout bounds one attempt (claim, handler, commit).
 	// Defaults to 10s.
 	HandlerTimeout time.Duration `yaml:"handler_timeout"`
+	// MaxBodyBytes is the longest message body, in bytes, the handler
+	// decodes; a longer one is dead-lettered as body_too_large, truncated.
+	// Defaults to 1 MiB (1048576).
+	MaxBodyBytes int `yaml:"max_body_bytes"`
 	// DrainTimeout is how long in-flight work may finish after SIGTERM.
 	// Defaults to 30s.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
@@ -299,6 +303,7 @@ func Default() Config {
 			DeliveryLimit:       c.DeliveryLimit,
 			BrokerDeliveryLimit: c.BrokerDeliveryLimit,
 			HandlerTimeout:      c.HandlerTimeout,
+			MaxBodyBytes:        c.MaxBodyBytes,
 			DrainTimeout:        c.DrainTimeout,
 			RetryBackoffMin:     c.RetryBackoff.Min,
 			RetryBackoffMax:     c.RetryBackoff.Max,
@@ -385,6 +390,7 @@ func (c Config) ConsumerConfig() consumer.Config {
 		DeliveryLimit:       c.Consumer.DeliveryLimit,
 		BrokerDeliveryLimit: c.Consumer.BrokerDeliveryLimit,
 		HandlerTimeout:      c.Consumer.HandlerTimeout,
+		MaxBodyBytes:        c.Consumer.MaxBodyBytes,
 		Retention:           c.Postgres.Retention,
 		ClockSkew:           c.Consumer.ClockSkew,
 		Untimed:             consumer.UntimedPolicy(c.Consumer.Untimed),

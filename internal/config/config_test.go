@@ -48,6 +48,20 @@ func TestYAMLThenEnvOverride(t *testing.T) {
 	require.False(t, cfg.Redis.Enabled)
 }
 
+// TestMaxBodyBytesReachesTheConsumer: consumer.max_body_bytes defaults to
+// 1 MiB and, from the file or the environment, is the consumer's limit.
+func TestMaxBodyBytesReachesTheConsumer(t *testing.T) {
+	cfg, err := load(t, "", nil)
+	require.NoError(t, err)
+	require.Equal(t, 1<<20, cfg.Consumer.MaxBodyBytes)
+	cfg, err = load(t, "consumer:\n  max_body_bytes: 4096\n", nil)
+	require.NoError(t, err)
+	require.Equal(t, 4096, cfg.ConsumerConfig().MaxBodyBytes)
+	cfg, err = load(t, "consumer:\n  max_body_bytes: 4096\n", map[string]string{"IDEM_CONSUMER_MAX_BODY_BYTES": "65536"})
+	require.NoError(t, err)
+	require.Equal(t, 65536, cfg.ConsumerConfig().MaxBodyBytes)
+}
+
 func TestErrorsNameTheField(t *testing.T) {
 	cases := []struct {
 		name, yaml string
@@ -70,6 +84,7 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"redis timeout 1ns", "redis:\n  timeout: 1ns\n", nil, "redis.timeout: 1ns is out of range; want 1ms to 10s"},
 		{"drain timeout 1ns", "", map[string]string{"IDEM_CONSUMER_DRAIN_TIMEOUT": "1ns"}, "consumer.drain_timeout: 1ns is out of range"},
 		{"breaker open for 10000h", "redis:\n  breaker_open_timeout: 10000h\n", nil, "redis.breaker_open_timeout: 10000h0m0s is out of range; want 100ms to 10m0s"},
+		{"max body bytes under 1 KiB", "consumer:\n  max_body_bytes: 100\n", nil, "consumer.max_body_bytes: 100 is out of range; want 1024 to 536870912"},
 		{"a million workers", "consumer:\n  workers: 1000000\n", nil, "consumer.workers: 1000000 is out of range; want 1 to 1024"},
 		{"store hold past the broker's ack timeout", "consumer:\n  store_hold: 1h\n", nil, "consumer.store_hold"},
 		{"untimed policy", "consumer:\n  untimed: maybe\n", nil, `consumer.untimed: "maybe" is not a policy; want auto or reject`},

@@ -111,6 +111,7 @@ func (c Config) validateRanges() error {
 		{"consumer.batch_size", int64(c.Consumer.BatchSize), 1, 65535, ""},
 		{"consumer.delivery_limit", int64(c.Consumer.DeliveryLimit), 1, 1000, ""},
 		{"consumer.broker_delivery_limit", int64(c.Consumer.BrokerDeliveryLimit), 1, 10000, ""},
+		{"consumer.max_body_bytes", int64(c.Consumer.MaxBodyBytes), 1 << 10, 512 << 20, " (RabbitMQ's largest max_message_size)"},
 		{"postgres.max_conns", int64(c.Postgres.MaxConns), 1, 1000, ""},
 		{"redis.breaker_failures", int64(c.Redis.BreakerFailures), 1, 1000, ""},
 		{"redis.breaker_half_open_requests", int64(c.Redis.BreakerHalfOpenRequests), 1, 100, ""},

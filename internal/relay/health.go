@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/idemhq/idem/internal/telemetry"
 )
 
 // ReadyLines returns /readyz's lines for relays: "relay" (required: every
@@ -50,11 +52,12 @@ func ReadyLines(ctx context.Context, rs []*Relay) (bool, string) {
 	return ready, b.String()
 }
 
-// Health serves /healthz and /readyz for a process that runs only relays.
+// Health serves /healthz and /readyz for a process that runs only relays;
+// /readyz reads the backlogs at most once a second (telemetry.ReadyCache).
 func Health(rs []*Relay) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("/readyz", telemetry.CacheReady(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ready, body := ReadyLines(r.Context(), rs)
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if !ready {
@@ -63,6 +66,6 @@ func Health(rs []*Relay) http.Handler {
 			return
 		}
 		fmt.Fprint(w, "ready\n"+body)
-	})
+	})))
 	return mux
 }

@@ -62,9 +62,31 @@ func Listen(addr string) (net.Listener, error) {
 	return ln, nil
 }
 
+// The server's bounds on a client: metrics_addr is for scrapers and
+// probes, which send no body and read a small answer, so a slow or idle
+// client is dropped rather than holding a connection.
+const (
+	ReadHeaderTimeout = 5 * time.Second
+	ReadTimeout       = 5 * time.Second
+	WriteTimeout      = 10 * time.Second
+	IdleTimeout       = 60 * time.Second
+)
+
+// NewServer returns the server for metrics_addr, serving h with the
+// timeouts above.
+func NewServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: ReadHeaderTimeout,
+		ReadTimeout:       ReadTimeout,
+		WriteTimeout:      WriteTimeout,
+		IdleTimeout:       IdleTimeout,
+	}
+}
+
 // Serve serves h on ln until ctx ends.
 func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	srv := NewServer(h)
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)

@@ -43,6 +43,10 @@ const (
 	// ReasonInvalidEvent: Decode returned an event the guard cannot take
 	// (a bad ID or an empty hash); a bug in the handler's Decode.
 	ReasonInvalidEvent = "invalid_event"
+	// ReasonBodyTooLarge: the body is longer than
+	// consumer.Config.MaxBodyBytes; refused before Decode sees it. The dead
+	// letter carries its first bytes only, and HeaderBodyBytes.
+	ReasonBodyTooLarge = "body_too_large"
 	// ReasonDeliveryLimit is set by the broker (x-death), not by a consumer:
 	// the message exceeded the queue's x-delivery-limit, for instance
 	// because it crashed every consumer that took it.
@@ -132,6 +136,9 @@ const (
 	// HeaderShardKey is the event's shard key, when it has one: the tools
 	// find the shard of its dedup row by it.
 	HeaderShardKey = "x-idem-shard-key"
+	// HeaderBodyBytes is the length of the delivery's body when the dead
+	// letter carries only part of it (ReasonBodyTooLarge).
+	HeaderBodyBytes = "x-idem-body-bytes"
 )
 
 // HeaderDeadLetterID marks each dead letter so that a basic.return can be
@@ -162,7 +169,7 @@ func Ours(name string) bool {
 func Reasons() []string {
 	return []string{ReasonDecode, ReasonPayloadConflict, ReasonHandlerFailed, ReasonHandlerTimeout, ReasonCommitFailed,
 		ReasonStoreFailed, ReasonDataException, ReasonNumericOverflow, ReasonIntegrityViolation, ReasonBeyondRetention,
-		ReasonFutureTimestamp, ReasonMissingTime, ReasonInvalidEvent, ReasonDeliveryLimit}
+		ReasonFutureTimestamp, ReasonMissingTime, ReasonInvalidEvent, ReasonBodyTooLarge, ReasonDeliveryLimit}
 }
 
 // Counters lists every Counter*, for metrics that want a zero for each.

@@ -28,6 +28,13 @@ const (
 	defaultClockSkew           = 5 * time.Minute
 	defaultStartupTimeout      = 2 * time.Minute
 	defaultRetention           = 30 * 24 * time.Hour
+	defaultMaxBodyBytes        = 1 << 20
+	// minMaxBodyBytes is the least MaxBodyBytes: below it, ordinary events
+	// would be refused.
+	minMaxBodyBytes = 1 << 10
+	// maxLetterBody bounds the part of a refused body (body_too_large) its
+	// dead letter carries: enough to identify it, never the whole of it.
+	maxLetterBody = 64 << 10
 )
 
 // UntimedPolicy says what the consumer does with an event that carries no
@@ -128,6 +135,14 @@ type Config struct {
 	// HandlerTimeout bounds one attempt: claim, apply and commit.
 	// Defaults to 10s.
 	HandlerTimeout time.Duration
+	// MaxBodyBytes is the longest body, in bytes, the handler's Decode is
+	// given. A longer one is dead-lettered as "body_too_large" before it is
+	// decoded, carrying its first min(MaxBodyBytes, 64 KiB) bytes and its
+	// length (header x-idem-body-bytes); the kill switch does not count it.
+	// The body is in memory by then: bound what the broker accepts with its
+	// max_message_size (docs/operations.md). At least 1 KiB. Defaults to
+	// 1 MiB.
+	MaxBodyBytes int
 	// Retention is how long dedup rows are kept. The consumer refuses
 	// (dead-letters as beyond_retention) an event whose time is that old or
 	// older when it is decoded, before it costs a claim: its dedup row may
@@ -216,6 +231,9 @@ func (c *Config) setDefaults() {
 	if c.HandlerTimeout == 0 {
 		c.HandlerTimeout = defaultHandlerTimeout
 	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = defaultMaxBodyBytes
+	}
 	if c.RetryBackoff == (Backoff{}) {
 		c.RetryBackoff = defaultRetryBackoff
 	}
@@ -291,6 +309,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("consumer: BrokerDeliveryLimit (%d) must be at least DeliveryLimit (%d)", c.BrokerDeliveryLimit, c.DeliveryLimit)
 	case c.HandlerTimeout <= 0:
 		return fmt.Errorf("consumer: HandlerTimeout must be positive, got %s", c.HandlerTimeout)
+	case c.MaxBodyBytes < minMaxBodyBytes:
+		return fmt.Errorf("consumer: MaxBodyBytes must be at least %d, got %d", minMaxBodyBytes, c.MaxBodyBytes)
 	case c.Retention < 0:
 		return fmt.Errorf("consumer: Retention must be positive, got %s", c.Retention)
 	case c.DrainTimeout <= 0:

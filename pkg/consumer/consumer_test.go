@@ -53,6 +53,7 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		"Untimed":             {URL: "amqp://", Queue: "q", Untimed: "sometimes"},
 		"StoreHold":           {URL: "amqp://", Queue: "q", StoreHold: -time.Second},
 		"ClockSkew":           {URL: "amqp://", Queue: "q", ClockSkew: -time.Second},
+		"MaxBodyBytes":        {URL: "amqp://", Queue: "q", MaxBodyBytes: 100},
 	}
 	for field, cfg := range cases {
 		cfg.setDefaults()

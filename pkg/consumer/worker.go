@@ -118,6 +118,11 @@ type deadLetterer struct {
 // prepare decodes d, received at received, and checks its time. A delivery
 // that cannot be processed is dead-lettered here, and prepare reports false.
 func (w *worker[T]) prepare(ctx context.Context, d amqp.Delivery, received time.Time) (item[T], bool) {
+	if limit := w.c.cfg.MaxBodyBytes; len(d.Body) > limit {
+		err := fmt.Errorf("body is %d bytes, more than max_body_bytes (%d)", len(d.Body), limit)
+		w.deadLetter(ctx, item[T]{d: d, received: received}, wire.ReasonBodyTooLarge, err)
+		return item[T]{}, false
+	}
 	ev, v, err := w.c.handler.Decode(messageOf(d))
 	if err == nil {
 		err = ev.Validate()
@@ -201,13 +206,20 @@ func (w *worker[T]) deadLetter(ctx context.Context, it item[T], reason string, c
 	if it.ev.ShardKey != "" {
 		headers[wire.HeaderShardKey] = it.ev.ShardKey
 	}
+	body := d.Body
+	if reason == wire.ReasonBodyTooLarge {
+		// Enough to identify it; the whole of it would cost the DLQ what
+		// the limit spared the consumer.
+		headers[wire.HeaderBodyBytes] = int64(len(d.Body))
+		body = d.Body[:min(len(d.Body), cfg.MaxBodyBytes, maxLetterBody)]
+	}
 	w.letters <- letter[T]{it: it, reason: reason, cause: cause, p: amqp.Publishing{
 		Headers:      headers,
 		ContentType:  d.ContentType,
 		DeliveryMode: amqp.Persistent,
 		MessageId:    d.MessageId,
 		Timestamp:    d.Timestamp, // the event's time travels with it
-		Body:         d.Body,
+		Body:         body,
 	}}
 }
 

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/idemhq/idem/internal/telemetry"
 )
 
 // check is one readiness condition: nil when it holds. Required checks
@@ -35,21 +37,30 @@ const checkTimeout = time.Second
 // that an acked event can be lost on failover). With a relay
 // (Config.Outbox), /readyz also reports whether it works ("relay": a
 // failing destination does not make a consumer that consumes unready) and
-// dead outbox rows ("outbox"). Mount it on the service's own mux, or serve
-// it alone.
+// dead outbox rows ("outbox"). The checks run at most once a second per
+// handler: requests within that second, or while a run is in flight, get
+// that run's answer, so a storm of probes costs the databases nothing
+// more. Mount it on the service's own mux, or serve it alone.
 func (s *Service[T]) Health() http.Handler {
+	return s.health(nil)
+}
+
+// health is Health reading the clock now (nil: time.Now).
+func (s *Service[T]) health(now func() time.Time) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+	ready := telemetry.CacheReady(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ready, body := runChecks(r.Context(), s.checks())
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if !ready {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 		fmt.Fprint(w, body)
-	})
+	}))
+	ready.Now = now
+	mux.Handle("/readyz", ready)
 	return mux
 }
 
