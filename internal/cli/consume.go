@@ -159,7 +159,7 @@ func serve[T any](ctx context.Context, s serving, sc idem.Config, h consumer.Han
 		defer close(relaysDone)
 		if len(s.relays) > 0 {
 			waitForOutbox(relayCtx, s.dbs)
-			runRelays(relayCtx, s.relays)
+			relay.RunAll(relayCtx, s.relays)
 		}
 	}()
 	err = svc.Run(ctx)

@@ -10,7 +10,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -90,7 +89,7 @@ dead at once. Add each to outbox.destinations; the rows stay pending.`)
 		defer stop()
 	}
 	log.Info("relaying", "destinations", relay.Names(cfg.RelayConfig().Destinations), "shards", len(dbs))
-	runRelays(ctx, rs)
+	relay.RunAll(ctx, rs)
 	log.Info("stopped")
 	return nil
 }
@@ -115,29 +114,8 @@ func newRelays(cfg config.Config, dbs Shards, reg prometheus.Registerer, log *sl
 	if err != nil {
 		return nil, err
 	}
-	var rs []*relay.Relay
-	for i, pool := range dbs {
-		c := rc
-		c.DB, c.Metrics, c.Name, c.Logger = pool, m, name, log
-		if len(dbs) > 1 {
-			c.Name, c.Logger = fmt.Sprintf("%s-shard%d", name, i), log.With("shard", i)
-		}
-		r, err := relay.New(c)
-		if err != nil {
-			return nil, err
-		}
-		rs = append(rs, r)
-	}
-	return rs, nil
-}
-
-// runRelays runs rs until ctx ends.
-func runRelays(ctx context.Context, rs []*relay.Relay) {
-	var wg sync.WaitGroup
-	for _, r := range rs {
-		wg.Go(func() { _ = r.Run(ctx) })
-	}
-	wg.Wait()
+	rc.Metrics, rc.Name, rc.Logger = m, name, log
+	return relay.PerShard(rc, dbs)
 }
 
 // withRelayHealth adds the relays' lines to the /readyz of idem consume,

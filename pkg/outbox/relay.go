@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -173,22 +172,11 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		}
 	}
 	r := &Relay{dbs: cfg.Databases, dests: dests, log: cfg.Logger}
-	base := cfg.loopConfig(dests, m)
-	for i, db := range cfg.Databases {
-		c := base
-		c.DB = db
-		if len(cfg.Databases) > 1 {
-			c.Logger = cfg.Logger.With("shard", i)
-			if c.Name != "" {
-				c.Name = fmt.Sprintf("%s-shard%d", c.Name, i)
-			}
-		}
-		loop, err := relay.New(c)
-		if err != nil {
-			return nil, fmt.Errorf("outbox: %w", err)
-		}
-		r.loops = append(r.loops, loop)
+	loops, err := relay.PerShard(cfg.loopConfig(dests, m), cfg.Databases)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
 	}
+	r.loops = loops
 	return r, nil
 }
 
@@ -213,11 +201,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}
 	r.log.Info("relaying", "destinations", relay.Names(r.dests), "shards", len(r.dbs))
-	var wg sync.WaitGroup
-	for _, loop := range r.loops {
-		wg.Go(func() { _ = loop.Run(ctx) }) // nil once ctx ends
-	}
-	wg.Wait()
+	relay.RunAll(ctx, r.loops)
 	return nil
 }
 
