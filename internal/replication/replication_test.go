@@ -1,11 +1,9 @@
 package replication_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -91,7 +89,7 @@ func TestAWatcherSaysWhatAFailoverWouldLose(t *testing.T) {
 	primary, err := pgxpool.New(ctx, p.Primary.URL())
 	require.NoError(t, err)
 	t.Cleanup(primary.Close)
-	var logs lockedBuffer
+	var logs testenv.LogBuffer
 	w := replication.NewWatcher([]replication.Querier{primary}, slog.New(slog.NewTextHandler(&logs, nil)))
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, reg.Register(w.Collector()))
@@ -187,21 +185,4 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("no %s", name)
 	return 0
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

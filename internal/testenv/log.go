@@ -1,8 +1,10 @@
 package testenv
 
 import (
+	"bytes"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -18,4 +20,24 @@ func (w testWriter) Write(p []byte) (int, error) {
 	defer func() { _ = recover() }() // a log line after the test ended
 	w.t.Log(strings.TrimSuffix(string(p), "\n"))
 	return len(p), nil
+}
+
+// LogBuffer is a log sink that goroutines may write while the test reads
+// it.
+type LogBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *LogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns what was written so far.
+func (l *LogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

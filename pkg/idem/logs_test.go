@@ -1,11 +1,10 @@
 package idem_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,7 +22,7 @@ import (
 // per process, which each Service's New sets.
 func TestClientLibrariesLogThroughTheLogger(t *testing.T) {
 	pool, _ := testenv.Schema(t)
-	var out lockedBuffer
+	var out testenv.LogBuffer
 	svc, err := idem.New(idem.Config{
 		Scope:     "greeter",
 		Databases: []*pgxpool.Pool{pool},
@@ -39,24 +38,6 @@ func TestClientLibrariesLogThroughTheLogger(t *testing.T) {
 		stop()
 		require.NoError(t, <-done)
 	}()
-	require.Eventually(t, func() bool { return bytes.Contains(out.Bytes(), []byte("component=go-redis")) },
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "component=go-redis") },
 		30*time.Second, 20*time.Millisecond, "go-redis's lines in the service's log")
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a test to share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) Bytes() []byte {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return bytes.Clone(l.b.Bytes())
 }

@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,24 +19,6 @@ import (
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/pkg/outbox"
 )
-
-// syncBuffer is a log sink the relay's goroutines may write at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // rowState reads the one idem_outbox row of a test's schema.
 func rowState(t *testing.T, db *pgxpool.Pool) (state string, attempts int, lastErr string) {
@@ -118,7 +98,7 @@ func TestACredentialTheHookSetsIsMaskedWhereTheAPIQuotesIt(t *testing.T) {
 	}))
 	defer srv.Close()
 	enqueue(t, db, "api", 1)
-	logs := &syncBuffer{}
+	logs := &testenv.LogBuffer{}
 	r, err := outbox.NewRelay(outbox.RelayConfig{
 		Databases: []*pgxpool.Pool{db},
 		Destinations: map[string]outbox.Destination{"api": {URL: srv.URL, Request: func(req *http.Request) error {
@@ -186,7 +166,7 @@ func TestARequestHookThatFailsSpendsNoAttemptAndIsReported(t *testing.T) {
 			defer close(release)
 			var calls atomic.Int32
 			var works atomic.Bool
-			logs := &syncBuffer{}
+			logs := &testenv.LogBuffer{}
 			const maxAttempts = 3
 			r, err := outbox.NewRelay(outbox.RelayConfig{
 				Databases: []*pgxpool.Pool{db},
