@@ -125,8 +125,12 @@ func TestABaseBackupRestoredMidStreamLosesOnlyWhatTheReSendApplies(t *testing.T)
 	db, dbURL := testenv.SchemaOn(t, pg.URL(), testenv.Effects)
 	r := newStreamRig(t, db, dbURL)
 	r.stream(t, func() {
-		backup, err := pg.BaseBackup()
-		require.NoError(t, err)
+		var backup *sandbox.Postgres
+		r.paused(func() {
+			var err error
+			backup, err = pg.BaseBackup()
+			require.NoError(t, err)
+		})
 		t.Cleanup(backup.Remove)
 		taken := r.acks.count()
 		require.Eventually(t, func() bool { return r.acks.count() >= taken+30 }, 30*time.Second, 5*time.Millisecond,
@@ -154,7 +158,7 @@ func TestADumpRestoredMidStreamLosesOnlyWhatTheReSendApplies(t *testing.T) {
 	r := newStreamRig(t, db, dbURL)
 	r.stream(t, func() {
 		dump := filepath.Join(t.TempDir(), "dump")
-		testenv.RunPostgresTool(t, "pg_dump", "-Fc", "-f", dump, "-d", direct)
+		r.paused(func() { testenv.RunPostgresTool(t, "pg_dump", "-Fc", "-f", dump, "-d", direct) })
 		taken := r.acks.count()
 		require.Eventually(t, func() bool { return r.acks.count() >= taken+30 }, 30*time.Second, 5*time.Millisecond,
 			"events acked after the dump")
@@ -222,6 +226,7 @@ type streamRig struct {
 	acks           *ackLog
 	publish        func(ids ...string)
 	ids            []string
+	gate           sync.Mutex // held, the stream publishes nothing
 }
 
 func newStreamRig(t *testing.T, db *pgxpool.Pool, dbURL string) *streamRig {
@@ -255,7 +260,7 @@ func newStreamRig(t *testing.T, db *pgxpool.Pool, dbURL string) *streamRig {
 func (r *streamRig) stream(t *testing.T, fault func()) {
 	t.Helper()
 	published := make(chan error, 1)
-	go func() { published <- publishPaced(r.amqpURL, r.queue, r.ids) }()
+	go func() { published <- publishPaced(r.amqpURL, r.queue, r.ids, &r.gate) }()
 	require.Eventually(t, func() bool { return r.acks.count() >= streamMid }, 30*time.Second, 5*time.Millisecond,
 		"%d events acked before the fault", streamMid)
 	began := time.Now()
@@ -265,10 +270,18 @@ func (r *streamRig) stream(t *testing.T, fault func()) {
 	r.settle(t)
 }
 
+// paused runs slow with the stream's publishing held, so that however long
+// slow takes on a loaded machine, events are left to publish after it.
+func (r *streamRig) paused(slow func()) {
+	r.gate.Lock()
+	defer r.gate.Unlock()
+	slow()
+}
+
 // publishPaced publishes one message per id to queue, one every
 // streamPace, each confirmed by the broker, as publisher does, from any
-// goroutine.
-func publishPaced(amqpURL, queue string, ids []string) error {
+// goroutine; it waits while gate is held.
+func publishPaced(amqpURL, queue string, ids []string, gate *sync.Mutex) error {
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
 		return err
@@ -285,6 +298,8 @@ func publishPaced(amqpURL, queue string, ids []string) error {
 	defer pace.Stop()
 	for _, id := range ids {
 		<-pace.C
+		gate.Lock()
+		gate.Unlock() //nolint:staticcheck // a wait while the fault holds it
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false,
 			amqp.Publishing{MessageId: id, Body: []byte(id), Timestamp: time.Now()})
