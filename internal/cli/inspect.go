@@ -21,6 +21,7 @@ import (
 	"github.com/idemhq/idem/internal/relay"
 	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/pkg/guard/pgtier"
 )
 
 func runInspect(ctx context.Context, e *Env, args []string) error {
@@ -74,7 +75,7 @@ that it looked in the wrong place.`)
 	tw := tabwriter.NewWriter(e.Stdout, 0, 0, 2, ' ', 0)
 	defer tw.Flush()
 	fmt.Fprintf(tw, "event:\t%s (scope %s)\n", id, cfg.Scope)
-	if err := inspectRedis(ctx, tw, cfg, id); err != nil {
+	if err := inspectRedis(ctx, tw, cfg, id, dbs); err != nil {
 		return err
 	}
 	var rows, applied int
@@ -187,8 +188,9 @@ func hasTable(ctx context.Context, pool *pgxpool.Pool, table string) (bool, erro
 	return present, err
 }
 
-// inspectRedis prints the event's key in the fast tier.
-func inspectRedis(ctx context.Context, tw io.Writer, cfg config.Config, id string) error {
+// inspectRedis prints the event's key in the fast tier, and whether the
+// history its value names is that of a database now.
+func inspectRedis(ctx context.Context, tw io.Writer, cfg config.Config, id string, dbs Shards) error {
 	if !cfg.Redis.Enabled {
 		fmt.Fprintln(tw, "redis:\tnot in use (redis.enabled is false)")
 		return nil
@@ -203,14 +205,52 @@ func inspectRedis(ctx context.Context, tw io.Writer, cfg config.Config, id strin
 	switch {
 	case err != nil:
 		fmt.Fprintf(tw, "redis %s:\tunreachable: %v\n", key, err)
+		return nil
 	case m.State == tier.FastDone:
 		fmt.Fprintf(tw, "redis %s:\tdone, payload hash %s, expires in %s\n", key, hex.EncodeToString(m.Hash), m.TTL.Round(time.Second))
 	case m.State == tier.FastPending:
 		fmt.Fprintf(tw, "redis %s:\tpending lease (a consumer holds it, or held it and crashed), expires in %s\n", key, m.TTL.Round(time.Second))
 	default:
 		fmt.Fprintf(tw, "redis %s:\tno key (never claimed, expired, or evicted)\n", key)
+		return nil
 	}
+	fmt.Fprintf(tw, "marker history:\t%s\n", markerHistory(ctx, m, dbs))
 	return nil
+}
+
+// markerHistory says whether the history a marker names is that of one of
+// the databases now: a guard trusts a done marker only then; otherwise the
+// database that committed it has since failed over, been restored or been
+// re-created, and the next copy of the event goes to PostgreSQL, which
+// decides.
+func markerHistory(ctx context.Context, m fastkey.Marker, dbs Shards) string {
+	switch {
+	case m.History == "" && m.State == tier.FastPending:
+		return "none (taken before its holder knew the database's history)"
+	case m.History == "":
+		return "none (written before idem named histories): counts as absent"
+	}
+	var now []string
+	for i, pool := range dbs {
+		h, err := pgtier.New(pool).History(ctx)
+		if err != nil {
+			return fmt.Sprintf("%s (the database's could not be read: %v)", m.History, dbErr(err))
+		}
+		if m.History.Confirms(h) {
+			if m.State == tier.FastPending {
+				return fmt.Sprintf("%s, the database's now", m.History)
+			}
+			if name := dbs.name(i); name != "" {
+				return fmt.Sprintf("%s, %s's now: trusted", m.History, name)
+			}
+			return fmt.Sprintf("%s, the database's now: trusted", m.History)
+		}
+		now = append(now, string(h))
+	}
+	if m.State == tier.FastPending {
+		return fmt.Sprintf("%s, not the database's now (%s): the history its holder knew; a lease holds whatever its history until it expires", m.History, strings.Join(now, ", "))
+	}
+	return fmt.Sprintf("%s, not the database's now (%s): the database failed over, was restored or re-created since; the marker counts as absent and the next copy goes to PostgreSQL", m.History, strings.Join(now, ", "))
 }
 
 // inspectDedupRow prints the event's dedup row in one database and reports

@@ -133,6 +133,7 @@ func TestDeadLetterTools(t *testing.T) {
 	out = ok("inspect", "evt_p")
 	require.Regexp(t, `verdict:\s+processed once`, out)
 	require.Regexp(t, `redis \S+:evt_p:\s+done, payload hash [0-9a-f]{64}`, out)
+	require.Regexp(t, `marker history:\s+[0-9a-f]{12}, the database's now: trusted`, out)
 	require.Contains(t, out, "user user_poison, amount 7")
 
 	// purge: refuses without --yes; deletes only the reason it is given.
