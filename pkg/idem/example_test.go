@@ -149,8 +149,20 @@ func publish(amqpURL, queue string, bodies ...string) {
 			panic(err)
 		}
 		if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err == nil {
+			// Each message confirmed: routed to the queue, not lost in
+			// flight when the connection closes.
+			if err := ch.Confirm(false); err != nil {
+				panic(err)
+			}
 			for _, b := range bodies {
-				if err := ch.Publish("", queue, false, false, amqp.Publishing{Body: []byte(b), Timestamp: time.Now()}); err != nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false,
+					amqp.Publishing{Body: []byte(b), Timestamp: time.Now()})
+				if err == nil && !c.Wait() {
+					err = fmt.Errorf("the broker nacked %q", b)
+				}
+				cancel()
+				if err != nil {
 					panic(err)
 				}
 			}

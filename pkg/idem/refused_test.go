@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/internal/broker"
@@ -82,7 +83,10 @@ func TestAPasswordChangedUnderARunningServiceIsNotReadyNotFatal(t *testing.T) {
 	}
 
 	publish(testenv.AMQPURL(), queue, "g1:Ada")
-	require.Eventually(t, func() bool { return rows() == 1 }, 30*time.Second, 20*time.Millisecond)
+	if !assert.Eventually(t, func() bool { return rows() == 1 }, 30*time.Second, 20*time.Millisecond) {
+		t.Fatalf("the first greeting was never applied: %d ready in the queue, %d in its DLQ, stats %+v",
+			testenv.QueueDepth(t, testenv.AMQPURL(), queue), testenv.QueueDepth(t, testenv.AMQPURL(), queue+".dlq"), svc.Stats())
+	}
 	code, _ := readyz()
 	require.Equal(t, http.StatusOK, code)
 
