@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
@@ -16,23 +18,34 @@ import (
 
 // Route sends go-redis's and amqp091's log lines to log, at warning level,
 // each with a component attribute. Both libraries keep one logger per
-// process: the last Route wins.
+// process: the last Route wins. Route is safe to call from any goroutine:
+// the libraries' loggers are set once, and read the current log from an
+// atomic pointer (services started side by side in one process, as tests
+// do, would otherwise race on the libraries' globals).
 func Route(log *slog.Logger) {
-	redis.SetLogger(redisLog{log.With("component", "go-redis")})
-	amqp.SetLogger(amqpLog{log.With("component", "amqp091")})
+	current.Store(log)
+	install.Do(func() {
+		redis.SetLogger(redisLog{})
+		amqp.SetLogger(amqpLog{})
+	})
 }
+
+var (
+	current atomic.Pointer[slog.Logger]
+	install sync.Once
+)
 
 // redisLog and amqpLog adapt the client libraries' Printf loggers to slog,
 // at warning level: what they log is a fault they recovered from.
 type (
-	redisLog struct{ log *slog.Logger }
-	amqpLog  struct{ log *slog.Logger }
+	redisLog struct{}
+	amqpLog  struct{}
 )
 
-func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
-	l.log.WarnContext(ctx, strings.TrimSpace(fmt.Sprintf(format, v...)))
+func (redisLog) Printf(ctx context.Context, format string, v ...any) {
+	current.Load().WarnContext(ctx, strings.TrimSpace(fmt.Sprintf(format, v...)), "component", "go-redis")
 }
 
-func (l amqpLog) Printf(format string, v ...any) {
-	l.log.Warn(strings.TrimSpace(fmt.Sprintf(format, v...)))
+func (amqpLog) Printf(format string, v ...any) {
+	current.Load().Warn(strings.TrimSpace(fmt.Sprintf(format, v...)), "component", "amqp091")
 }

@@ -313,9 +313,17 @@ func (e *env) publishRaw(msgs ...amqp.Publishing) {
 		case m.Timestamp.IsZero():
 			m.Timestamp = time.Now()
 		}
-		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", e.queue, true, false, m)
-		require.NoError(e.t, err)
-		require.True(e.t, dc.Wait(), "broker nacked")
+		// A nack (a quorum queue just declared, or busy on a loaded
+		// machine) means the broker did not take it: sent again.
+		for sends := 1; ; sends++ {
+			dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", e.queue, true, false, m)
+			require.NoError(e.t, err)
+			if dc.Wait() {
+				break
+			}
+			require.Less(e.t, sends, 50, "the broker nacked one message 50 times")
+			time.Sleep(50 * time.Millisecond)
+		}
 	}
 }
 
