@@ -254,6 +254,20 @@ type Redis struct {
 	// BreakerHalfOpenRequests is probes allowed while half-open.
 	// Defaults to 1.
 	BreakerHalfOpenRequests uint32 `yaml:"breaker_half_open_requests"`
+	// TLSCAFile is a PEM file of the CA certificates that sign the
+	// servers' certificates, trusted instead of the system's; it needs a
+	// rediss:// redis_url. Defaults to empty (the system's CAs).
+	TLSCAFile string `yaml:"tls_ca_file"`
+	// TLSCertFile is a PEM client certificate, for servers that ask for
+	// one (tls-auth-clients); set it with tls_key_file. Defaults to empty.
+	TLSCertFile string `yaml:"tls_cert_file"`
+	// TLSKeyFile is tls_cert_file's PEM private key. Defaults to empty.
+	TLSKeyFile string `yaml:"tls_key_file"`
+	// TLSServerName is the name every server's certificate must carry.
+	// Empty: each server's own host, as the client dials it (in cluster
+	// and sentinel mode, each node's address, not redis_url's first
+	// host). Defaults to empty.
+	TLSServerName string `yaml:"tls_server_name"`
 }
 
 // Postgres tunes the authoritative tier.

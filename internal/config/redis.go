@@ -48,19 +48,27 @@ func parseRedisURL(mode, url string) (any, error) {
 // deadlines come from the context (redis.timeout), the client does not
 // retry on its own (the breaker decides what a failure means; a cluster
 // client still follows MOVED and ASK redirects within the deadline), and
-// no connection attempt or read waits longer than a second.
+// no connection attempt or read waits longer than a second. With rediss://,
+// redis.tls_* set the CA, client certificate and server name, and each node
+// of a cluster or sentinel set is verified against its own address.
 func (c Config) RedisClient() (redis.UniversalClient, error) {
 	o, err := parseRedisURL(c.Redis.Mode, c.RedisURL)
 	if err != nil {
 		return nil, fmt.Errorf("redis_url: %w", err)
 	}
+	t, err := c.redisTLS(urlTLS(o))
+	if err != nil {
+		return nil, err
+	}
 	const io = time.Second
 	switch o := o.(type) {
 	case *redis.Options:
+		o.TLSConfig = t
 		o.ContextTimeoutEnabled, o.MaxRetries = true, -1
 		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = io, io, io
 		return redis.NewClient(o), nil
 	case *redis.ClusterOptions:
+		o.TLSConfig = t
 		o.ContextTimeoutEnabled, o.MaxRetries = true, -1
 		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = io, io, io
 		// A dead master costs one refused dial per call, not five.
@@ -72,6 +80,7 @@ func (c Config) RedisClient() (redis.UniversalClient, error) {
 		o.ClusterStateReloadInterval = clusterStateReload
 		return redis.NewClusterClient(o), nil
 	case *redis.FailoverOptions:
+		o.TLSConfig = t
 		o.ContextTimeoutEnabled, o.MaxRetries = true, -1
 		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = io, io, io
 		return redis.NewFailoverClient(o), nil

@@ -19,7 +19,7 @@ import (
 
 // Validate returns an error naming the first bad field by its yaml path.
 func (c Config) Validate() error {
-	for _, check := range []func() error{c.validateConnections, c.validateNames, c.validateRanges, c.validateAgreement, c.validateOutbox} {
+	for _, check := range []func() error{c.validateConnections, c.validateRedisTLS, c.validateNames, c.validateRanges, c.validateAgreement, c.validateOutbox} {
 		if err := check(); err != nil {
 			return err
 		}
@@ -267,7 +267,7 @@ func (c Config) Warnings() []string {
 	if c.Postgres.Retention < 24*time.Hour {
 		w = append(w, fmt.Sprintf("postgres.retention (%s) is under a day: a dead-letter replay older than that is refused", c.Postgres.Retention))
 	}
-	return w
+	return append(w, c.tlsWarnings()...)
 }
 
 // ParseLevel parses a log level name.

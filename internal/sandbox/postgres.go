@@ -25,11 +25,16 @@ type Postgres struct {
 	Port int
 	dir  string
 	bin  string
+	opts string // added to the server's options (StartPostgresTLS)
 }
 
 // StartPostgres creates a cluster in a new directory under parent (trust
 // auth, fsync off) and starts it. Remove deletes it.
-func StartPostgres(parent string) (*Postgres, error) {
+func StartPostgres(parent string) (*Postgres, error) { return startPostgres(parent, nil) }
+
+// startPostgres is StartPostgres with prepare, if set, run between initdb
+// and the first start.
+func startPostgres(parent string, prepare func(*Postgres) error) (*Postgres, error) {
 	bin := pgBinDir()
 	if bin == "" {
 		return nil, ErrNoInitdb
@@ -51,6 +56,12 @@ func StartPostgres(parent string) (*Postgres, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("sandbox: initdb: %v\n%s", err, out)
 	}
+	if prepare != nil {
+		if err := prepare(s); err != nil {
+			s.Remove()
+			return nil, err
+		}
+	}
 	if err := s.Start(); err != nil {
 		s.Remove()
 		return nil, err
@@ -66,7 +77,7 @@ func (s *Postgres) URL() string {
 // Start starts the cluster and waits until it accepts connections.
 func (s *Postgres) Start() error {
 	if err := s.ctl("start", "-w", "-t", "60", "-l", filepath.Join(s.dir, "log"),
-		"-o", fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200", s.Port, s.dir)); err != nil {
+		"-o", fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200", s.Port, s.dir)+s.opts); err != nil {
 		b, _ := os.ReadFile(filepath.Join(s.dir, "log"))
 		return fmt.Errorf("sandbox: start postgres: %v\n%s", err, b)
 	}

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"time"
@@ -50,6 +51,15 @@ type Config struct {
 	// lacks stops Run at start (redistier.ErrNoSuchDatabase); a server that
 	// is down does not.
 	RedisURL string
+	// RedisTLS, if set, is the TLS configuration of the client opened from
+	// RedisURL, whose scheme then does not matter: the CAs to trust
+	// (RootCAs), a client certificate (Certificates), the name the
+	// server's certificate must carry (ServerName; empty: RedisURL's
+	// host). A rediss:// URL without it trusts the system's CAs. For a
+	// client passed as Redis, set its options' TLSConfig; for a cluster,
+	// leave its ServerName empty, so that each node is verified against
+	// its own address. Defaults to nil.
+	RedisTLS *tls.Config
 	// Fast tunes the fast tier (prefix, lease, done-marker TTL, timeout,
 	// breaker). Fast.DoneTTL may not exceed Consumer.Retention, and
 	// Fast.Timeout must be below Consumer.HandlerTimeout.
@@ -114,6 +124,8 @@ func (c *Config) validate() error {
 		return bad("set DatabaseURL or Databases, not both")
 	case c.Redis != nil && c.RedisURL != "":
 		return bad("set Redis or RedisURL, not both")
+	case c.RedisTLS != nil && c.RedisURL == "":
+		return bad("RedisTLS applies to the client opened from RedisURL; for a client passed as Redis, set its options' TLSConfig")
 	case c.Consumer.ClockSkew < minClockSkew:
 		return bad("Consumer.ClockSkew %s is below %s: the claim needs a skew to refuse events from the future", c.Consumer.ClockSkew, minClockSkew)
 	case c.Consumer.Retention <= c.Consumer.ClockSkew:
@@ -149,10 +161,15 @@ func (c *Config) fastOn() bool { return c.Redis != nil || c.RedisURL != "" }
 // redisOptions are the options a client opened from RedisURL gets: per-call
 // deadlines from the context, no retries of its own (the breaker decides
 // what a failure means), and no dial or read longer than a second.
-func redisOptions(url string) (*redis.Options, error) {
+// With tlsConfig (Config.RedisTLS), the client speaks TLS whatever the
+// URL's scheme.
+func redisOptions(url string, tlsConfig *tls.Config) (*redis.Options, error) {
 	o, err := redis.ParseURL(url)
 	if err != nil {
 		return nil, fmt.Errorf("idem: RedisURL: %w", redact.Error(err, url))
+	}
+	if tlsConfig != nil {
+		o.TLSConfig = tlsConfig.Clone() // an empty ServerName: crypto/tls takes the dialled host
 	}
 	o.ContextTimeoutEnabled, o.MaxRetries = true, -1
 	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = time.Second, time.Second, time.Second

@@ -82,6 +82,7 @@ func New[T any](cfg Config, h consumer.Handler[T]) (*Service[T], error) {
 		s.close()
 		return nil, err
 	}
+	s.warnLinks()
 	// Build once, so that every bad setting is New's error, not Run's.
 	if _, _, err := s.build(time.Time{}, 0); err != nil {
 		s.close()
@@ -139,7 +140,7 @@ func (s *Service[T]) open() error {
 	}
 	s.rdb = cfg.Redis
 	if cfg.RedisURL != "" {
-		o, err := redisOptions(cfg.RedisURL)
+		o, err := redisOptions(cfg.RedisURL, cfg.RedisTLS)
 		if err != nil {
 			return err
 		}
