@@ -93,7 +93,9 @@ func Apply(ctx context.Context, db Conn) ([]Migration, error) { return ApplySet(
 
 // ApplySet runs, in one transaction, every migration of set not yet recorded
 // in its ledger, and returns the ones it ran. Concurrent callers are
-// serialised by an advisory lock, so a fleet may all run it at start.
+// serialised by an advisory lock, so a fleet may all run it at start. On a
+// database where every migration of set is recorded it writes nothing and
+// creates nothing, so a role with no CREATE privilege may call it.
 func ApplySet(ctx context.Context, db Conn, set Set) ([]Migration, error) {
 	all, err := set.All()
 	if err != nil {
@@ -115,11 +117,20 @@ func ApplySet(ctx context.Context, db Conn, set Set) ([]Migration, error) {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, set.Ledger); err != nil {
 		return nil, fmt.Errorf("migrate: lock: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+ledger+` (
-		version    int         PRIMARY KEY,
-		name       text        NOT NULL,
-		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		return nil, fmt.Errorf("migrate: create %s: %w", set.Ledger, err)
+	// CREATE TABLE IF NOT EXISTS needs the CREATE privilege on the schema
+	// even when the table exists: skip it then, so that a runtime role
+	// without that privilege starts on a migrated database.
+	exists, err := ledgerExists(ctx, tx, set.Ledger)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	if !exists {
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+ledger+` (
+			version    int         PRIMARY KEY,
+			name       text        NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return nil, fmt.Errorf("migrate: create %s: %w", set.Ledger, err)
+		}
 	}
 	have, err := recorded(ctx, tx, set.Ledger)
 	if err != nil {
@@ -158,10 +169,9 @@ func Pending(ctx context.Context, db Conn, set Set) ([]Migration, error) {
 		return nil, fmt.Errorf("migrations: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	var exists bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema() AND tablename = $1)`,
-		set.Ledger).Scan(&exists); err != nil {
-		return nil, fmt.Errorf("migrations: look for %s: %w", set.Ledger, err)
+	exists, err := ledgerExists(ctx, tx, set.Ledger)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
 	}
 	have := map[int]bool{}
 	if exists {
@@ -176,6 +186,17 @@ func Pending(ctx context.Context, db Conn, set Set) ([]Migration, error) {
 		}
 	}
 	return pending, nil
+}
+
+// ledgerExists reports whether ledger is a table in the first schema of
+// the search_path, where ApplySet creates it.
+func ledgerExists(ctx context.Context, tx pgx.Tx, ledger string) (bool, error) {
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema() AND tablename = $1)`,
+		ledger).Scan(&exists); err != nil {
+		return false, fmt.Errorf("look for %s: %w", ledger, err)
+	}
+	return exists, nil
 }
 
 // recorded returns the versions ledger records.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/internal/testenv"
@@ -67,4 +68,35 @@ func TestPendingSaysWhatALedgerLacks(t *testing.T) {
 	pending, err = migrations.Pending(ctx, pool, migrations.Guard)
 	require.NoError(t, err)
 	require.Equal(t, []migrations.Migration{last}, pending)
+}
+
+// runtimeGrants are the runtime role's grants of docs/security.md: rows
+// only, no CREATE.
+var runtimeGrants = []string{
+	"GRANT USAGE ON SCHEMA {schema} TO {role}",
+	"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}",
+	"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}",
+}
+
+// TestARoleThatMayNotCreateAppliesNothingQuietly: on a migrated schema, a
+// role without the CREATE privilege runs Apply (as every start-up does)
+// without an error and without creating anything; on a schema that lacks
+// the migrations, the same role is refused.
+func TestARoleThatMayNotCreateAppliesNothingQuietly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, u := testenv.Schema(t)
+	runtime, err := pgxpool.New(ctx, testenv.Role(t, u, runtimeGrants...))
+	require.NoError(t, err)
+	defer runtime.Close()
+	ran, err := migrations.Apply(ctx, runtime)
+	require.NoError(t, err, "a migrated schema needs no CREATE")
+	require.Empty(t, ran)
+
+	_, empty := testenv.EmptySchema(t)
+	runtime2, err := pgxpool.New(ctx, testenv.Role(t, empty, runtimeGrants...))
+	require.NoError(t, err)
+	defer runtime2.Close()
+	_, err = migrations.Apply(ctx, runtime2)
+	require.ErrorContains(t, err, "permission denied", "the role may not create: the test would prove nothing")
 }

@@ -237,6 +237,11 @@ func printDeadLetter(w io.Writer, n int, m dlq.Message, now time.Time) {
 	fmt.Fprintf(tw, "event_id:\t%s\n", inert(m.EventID))
 	fmt.Fprintf(tw, "message_id:\t%s\n", inert(d.MessageId))
 	fmt.Fprintf(tw, "reason:\t%s\n", inert(m.Reason))
+	if m.ByBroker {
+		// Its x-idem-* headers, printed below with the others, are the
+		// producer's: none of them was read.
+		fmt.Fprintf(tw, "dead-lettered by:\tthe broker (x-death), not a consumer: its x-idem-* headers are the producer's\n")
+	}
 	fmt.Fprintf(tw, "error:\t%s\n", inert(m.Error))
 	fmt.Fprintf(tw, "queue:\t%s\n", inert(m.Queue))
 	fmt.Fprintf(tw, "attempts:\t%d\n", m.Attempts)
@@ -247,14 +252,20 @@ func printDeadLetter(w io.Writer, n int, m dlq.Message, now time.Time) {
 	if !d.Timestamp.IsZero() {
 		fmt.Fprintf(tw, "timestamp:\t%s\n", d.Timestamp.UTC().Format(time.RFC3339))
 	}
-	fmt.Fprintf(tw, "body:\t%s\n", inert(string(d.Body)))
+	if m.Truncated() {
+		fmt.Fprintf(tw, "body:\t%s (the first %d of %d bytes)\n", inert(string(d.Body)), len(d.Body), m.BodyBytes)
+	} else {
+		fmt.Fprintf(tw, "body:\t%s\n", inert(string(d.Body)))
+	}
 	_ = tw.Flush()
 	// The producer's headers, and the broker's x-death; not those printed
-	// above, nor x-delivery-count, which counts this queue's reads.
+	// above, nor x-delivery-count, which counts this queue's reads. A
+	// broker's dead letter's x-idem-* headers are the producer's: printed.
 	for _, k := range slices.Sorted(maps.Keys(d.Headers)) {
-		if !slices.Contains(shownHeaders, k) {
-			fmt.Fprintf(w, "header %s: %s\n", inert(k), inert(fmt.Sprint(d.Headers[k])))
+		if k == "x-delivery-count" || !m.ByBroker && slices.Contains(shownHeaders, k) {
+			continue
 		}
+		fmt.Fprintf(w, "header %s: %s\n", inert(k), inert(fmt.Sprint(d.Headers[k])))
 	}
 }
 
@@ -302,7 +313,9 @@ budget, and x-idem-replays counting its replays. Each leaves the dead-letter
 queue only after the broker confirmed its re-publish. Only the dead letters
 present when the command starts are replayed, so a replay that fails again
 lands in the dead-letter queue once, not in a loop. The guard still decides:
-replaying an event that was processed is a harmless duplicate. Say which:
+replaying an event that was processed is a harmless duplicate. A dead
+letter of reason body_too_large carries only the first bytes of its body:
+it is never replayed (it stays, and the command exits 1). Say which:
 --reason, --event or --all.`)
 	path := fs.String("config", "", "YAML config `file`")
 	e.targetFlags(fs, false, true)
@@ -330,13 +343,21 @@ replaying an event that was processed is a harmless duplicate. Say which:
 	if *dry {
 		verb = "would replay"
 	}
-	replayed, kept := 0, 0
+	replayed, kept, truncated := 0, 0, 0
 	_, err = q.Walk(ctx, func(m dlq.Message) (dlq.Verdict, error) {
 		if r.Ours(m) {
 			return dlq.Stop, nil // a replay of this run came back: the snapshot is done
 		}
 		if !f.match(m) {
 			kept++
+			return dlq.Keep, nil
+		}
+		if m.Truncated() {
+			// Its body was cut: a replay would publish a truncated event.
+			kept++
+			truncated++
+			fmt.Fprintf(e.Stdout, "not replayed %s (reason %s): it carries the first %d of its %d bytes\n",
+				inert(m.EventID), inert(m.Reason), len(m.D.Body), m.BodyBytes)
 			return dlq.Keep, nil
 		}
 		if !*dry {
@@ -359,6 +380,11 @@ replaying an event that was processed is a harmless duplicate. Say which:
 		}
 	}
 	fmt.Fprintf(e.Stdout, "%s %d dead letters to %s; %d others left in %s\n", verb, replayed, q.Work, kept, q.DLQ)
+	if err == nil && truncated > 0 {
+		// As for a replay that failed: exit 1, and they stay.
+		return fmt.Errorf("dlq replay: refused %d dead letter(s) of reason %s: each carries only the first bytes of its body, and a replay would publish a truncated event. They stay in %s: have their producer send the events again within consumer.max_body_bytes (or raise it), then remove these with 'idem dlq purge --reason %s --yes'",
+			truncated, wire.ReasonBodyTooLarge, q.DLQ, wire.ReasonBodyTooLarge)
+	}
 	return err
 }
 

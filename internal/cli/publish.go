@@ -11,7 +11,7 @@ import (
 )
 
 func runPublish(ctx context.Context, e *Env, args []string) error {
-	fs := NewFlags(e, "publish", "Publishes a reproducible stream of PAYMENT_COMPLETED events with duplicates\nto the queue, persistent, with publisher confirms, and can write a manifest\nof what it sent for 'idem verify'.")
+	fs := NewFlags(e, "publish", "Publishes a reproducible stream of PAYMENT_COMPLETED events with duplicates\nto the queue, persistent, with publisher confirms, and can write a manifest\nof what it sent for 'idem verify'. Checks the stream's partition count in the\ndatabase first, applying idem's pending migrations unless --no-migrate.")
 	path := fs.String("config", "", "YAML config `file`")
 	e.targetFlags(fs, false, true)
 	count := fs.Int("count", 10000, "distinct events")
@@ -24,6 +24,7 @@ func runPublish(ctx context.Context, e *Env, args []string) error {
 	manifest := fs.String("manifest", "", "write the manifest to this `file`")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	partitions := fs.Int("partitions", 0, "split the stream over `N` queues <queue>.0 … by userId (default: the partitions setting)")
+	noMigrate := fs.Bool("no-migrate", false, "do not apply idem's pending migrations at start; refuse to start if one is missing")
 	if err := Parse(fs, args); err != nil {
 		return err
 	}
@@ -34,7 +35,7 @@ func runPublish(ctx context.Context, e *Env, args []string) error {
 	if *partitions > 0 {
 		cfg.Partitions = *partitions
 	}
-	if err := checkPartitions(ctx, cfg, log); err != nil {
+	if err := checkPartitions(ctx, cfg, log, !*noMigrate); err != nil {
 		return err
 	}
 	if *run == "" {

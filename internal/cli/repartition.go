@@ -19,24 +19,32 @@ import (
 
 // checkPartitions compares cfg's partition count with the one the database
 // records for the stream (recording it if none is), on every shard, waiting
-// (up to consumer.startup_timeout) for a database that is not up yet. It
-// applies the guard's migrations first (idem's own tables only; they are
-// locked against concurrent runs), so that a publisher may start before the
-// first consumer.
-func checkPartitions(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+// (up to consumer.startup_timeout) for a database that is not up yet. With
+// migrate it applies the guard's migrations first (idem's own tables only;
+// they are locked against concurrent runs), so that a publisher may start
+// before the first consumer; without, it refuses a database they are
+// missing in (idem publish --no-migrate, for a role that may not create).
+func checkPartitions(ctx context.Context, cfg config.Config, log *slog.Logger, migrate bool) error {
 	dbs, err := OpenShards(ctx, cfg, pgsession.Bounds{})
 	if err != nil {
 		return err
 	}
 	defer dbs.Close()
+	if !migrate {
+		if err := requireMigrated(ctx, cfg, dbs, log, migrations.Guard); err != nil {
+			return err
+		}
+	}
 	for i, pool := range dbs {
 		what := "checking the stream's partition count (partitions)"
 		if name := dbs.name(i); name != "" {
 			what += " on " + name
 		}
 		err := pgerr.Wait(ctx, cfg.Consumer.StartupTimeout, what, log, func(ctx context.Context) error {
-			if _, err := migrations.Apply(ctx, pool); err != nil {
-				return err
+			if migrate {
+				if _, err := migrations.Apply(ctx, pool); err != nil {
+					return err
+				}
 			}
 			_, err := layout.CheckPartitions(ctx, pool, cfg.Queue, cfg.Partitions)
 			return err

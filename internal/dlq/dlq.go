@@ -42,10 +42,26 @@ import (
 const HeaderReplays = wire.HeaderReplays
 
 // Message is one dead letter, with what the headers say about it.
+//
+// Who wrote it decides which headers are believed. A consumer writes a
+// dead letter with x-idem-* headers of its own, having dropped every
+// x-idem-* header (and x-death) of the delivery, so none of them is a
+// producer's. The broker dead-letters a message (delivery limit, expiry,
+// a rejection or a length limit) as its producer sent it, x-idem-*
+// headers included, and adds x-death. So a dead letter with x-death is the
+// broker's, whatever else it carries: its x-idem-* headers are the
+// producer's, and ignored. (Anyone who may publish to the dead-letter
+// queue itself can forge either kind: only consumers and the dlq tools
+// should; see docs/security.md.)
 type Message struct {
 	D amqp.Delivery
-	// Reason is the consumer's x-idem-reason, or the broker's x-death reason
-	// ("delivery_limit" when the queue's x-delivery-limit was reached).
+	// ByBroker says that the broker dead-lettered the message (it carries
+	// x-death), not a consumer: Reason, Queue and DeadLetteredAt are then
+	// the broker's, and no x-idem-* header was read.
+	ByBroker bool
+	// Reason is the consumer's x-idem-reason, or the broker's x-death
+	// reason ("delivery_limit" when the queue's x-delivery-limit was
+	// reached; "expired", "rejected", "maxlen").
 	Reason string
 	// Error is the consumer's x-idem-error: what failed.
 	Error string
@@ -54,7 +70,8 @@ type Message struct {
 	// Attempts is how many deliveries the message had before it was
 	// dead-lettered.
 	Attempts int64
-	// Replays is how many times it was replayed before.
+	// Replays is how many times it was replayed before (as the consumer
+	// read it; 0 for the broker's dead letters).
 	Replays int64
 	// DeadLetteredAt is when it was dead-lettered; zero if unknown.
 	DeadLetteredAt time.Time
@@ -66,46 +83,48 @@ type Message struct {
 	PayloadHash string
 	// ShardKey is the event's shard key; empty if it has none.
 	ShardKey string
+	// BodyBytes is the length of the delivery's body when the dead letter
+	// carries only its first bytes (wire.ReasonBodyTooLarge); 0 otherwise.
+	BodyBytes int64
 }
 
-// Parse reads a dead letter's headers.
+// Truncated reports whether m carries only the first bytes of its body: a
+// consumer cut it (wire.ReasonBodyTooLarge). Replaying it would publish a
+// truncated event.
+func (m Message) Truncated() bool {
+	return !m.ByBroker && (m.Reason == wire.ReasonBodyTooLarge || m.BodyBytes > int64(len(m.D.Body)))
+}
+
+// Parse reads a dead letter's headers (see Message for which it believes).
 func Parse(d amqp.Delivery) Message {
-	m := Message{D: d}
+	m := Message{D: d, EventID: d.MessageId}
 	h := d.Headers
-	m.Reason, _ = h[wire.HeaderReason].(string)
-	m.Error, _ = h[wire.HeaderError].(string)
-	m.Queue, _ = h[wire.HeaderQueue].(string)
-	m.Attempts = toInt(h[wire.HeaderDeliveryCount])
-	m.Replays = toInt(h[HeaderReplays])
-	if t, ok := h[wire.HeaderDeadLetteredAt].(time.Time); ok {
-		m.DeadLetteredAt = t
-	}
-	m.EventID, _ = h[wire.HeaderEventID].(string)
-	if m.EventID == "" {
-		m.EventID = d.MessageId
-	}
-	m.PayloadHash, _ = h[wire.HeaderPayloadHash].(string)
-	m.ShardKey, _ = h[wire.HeaderShardKey].(string)
-	// A message the broker dead-lettered (x-delivery-limit) has no idem
-	// headers, only x-death.
 	if deaths, ok := h["x-death"].([]any); ok && len(deaths) > 0 {
+		// The broker's: it puts its latest dead-lettering first, with
+		// this queue and reason, whatever x-death the producer sent.
+		m.ByBroker = true
 		if death, ok := deaths[0].(amqp.Table); ok {
-			if m.Reason == "" {
-				m.Reason, _ = death["reason"].(string)
-				if m.Reason == "delivery_limit" {
-					m.Reason = wire.ReasonDeliveryLimit
-				}
-			}
-			if m.Queue == "" {
-				m.Queue, _ = death["queue"].(string)
-			}
-			if m.DeadLetteredAt.IsZero() {
-				m.DeadLetteredAt, _ = death["time"].(time.Time)
-			}
-			if m.Attempts == 0 {
-				m.Attempts = toInt(d.Headers["x-delivery-count"])
-			}
+			m.Reason, _ = death["reason"].(string)
+			m.Queue, _ = death["queue"].(string)
+			m.DeadLetteredAt, _ = death["time"].(time.Time)
 		}
+		if m.Reason == "delivery_limit" {
+			m.Reason = wire.ReasonDeliveryLimit
+		}
+		m.Attempts = toInt(h["x-delivery-count"])
+	} else {
+		m.Reason, _ = h[wire.HeaderReason].(string)
+		m.Error, _ = h[wire.HeaderError].(string)
+		m.Queue, _ = h[wire.HeaderQueue].(string)
+		m.Attempts = toInt(h[wire.HeaderDeliveryCount])
+		m.Replays = toInt(h[HeaderReplays])
+		m.DeadLetteredAt, _ = h[wire.HeaderDeadLetteredAt].(time.Time)
+		if id, _ := h[wire.HeaderEventID].(string); id != "" {
+			m.EventID = id
+		}
+		m.PayloadHash, _ = h[wire.HeaderPayloadHash].(string)
+		m.ShardKey, _ = h[wire.HeaderShardKey].(string)
+		m.BodyBytes = toInt(h[wire.HeaderBodyBytes])
 	}
 	if m.Reason == "" {
 		m.Reason = "unknown"

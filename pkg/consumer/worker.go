@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -228,11 +229,14 @@ func (w *worker[T]) deadLetter(ctx context.Context, it item[T], reason string, c
 // the tools trust to name and explain a dead letter; a replay's count and
 // ID excepted, of their types. Nor the broker's x-delivery-count: a message
 // replayed from the DLQ starts with a fresh budget (ours is kept for
-// diagnosis in wire.HeaderDeliveryCount).
+// diagnosis in wire.HeaderDeliveryCount). Nor x-death and its summaries:
+// the tools take a dead letter with x-death for one the broker wrote, whose
+// x-idem-* headers are the producer's (see internal/dlq's Message).
 func letterHeaders(in amqp.Table) amqp.Table {
 	out := amqp.Table{}
 	for k, v := range in {
-		if wire.Ours(k) || k == "x-delivery-count" {
+		if wire.Ours(k) || k == "x-delivery-count" || k == "x-death" ||
+			strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-") {
 			continue
 		}
 		out[k] = v
