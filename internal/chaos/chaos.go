@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -70,6 +71,11 @@ type Options struct {
 	// POSTs each receipt through its own outbox to an API the run serves,
 	// and the verdict checks both hops.
 	TwoHop bool
+	// AsyncStandby makes the standby of a pg-failover run asynchronous, as
+	// streaming replication is by default: a failover then loses commits
+	// the primary had acked, which the verdict names and the re-send
+	// recovers, instead of failing the run. Otherwise it is synchronous.
+	AsyncStandby bool
 	// Progress receives a line per fault and phase.
 	Progress io.Writer
 }
@@ -101,6 +107,14 @@ func (o *Options) validate() error {
 		if slices.Contains(o.Faults, k) && o.Cluster {
 			return fmt.Errorf("chaos: the %s fault cannot hit a Redis Cluster: its clients reach the nodes directly; leave it out of a --cluster run", k)
 		}
+	}
+	if o.AsyncStandby && !slices.Contains(o.Faults, PGFailover) {
+		return fmt.Errorf("chaos: --async-standby needs the %s fault", PGFailover)
+	}
+	if o.AsyncStandby && o.Cluster {
+		// A payment and its receipt may be on different shards: a lost
+		// payment's receipt could outlive it.
+		return fmt.Errorf("chaos: --async-standby cannot go with --cluster")
 	}
 	if o.Partitions > 1 && !o.Cluster {
 		return fmt.Errorf("chaos: --partitions needs --cluster")
@@ -143,7 +157,9 @@ type run struct {
 	links     []*links            // each consumer slot's: the payments fleet's, then the receipts fleet's
 	pgs       []*sandbox.Postgres // the shards (one without --cluster)
 	pools     []*pgxpool.Pool
-	restarts  int // pg-restart faults so far: they take the shards in turn
+	fo        *failoverState // a pg-failover run's: shard 0's pair and what its failovers undid
+	published atomic.Bool    // the publisher is done
+	restarts  int            // pg-restart faults so far: they take the shards in turn
 	appName   string
 	fleet     *consumers
 	hop       *consumers // the receipts consumers of a two-hop run
@@ -244,7 +260,9 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	faulted := make(chan struct{})
 	go func() { defer close(faulted); r.inject(ctx, plan) }()
 
-	if err := <-published; err != nil {
+	err = <-published
+	r.published.Store(true)
+	if err != nil {
 		b, _ := os.ReadFile(pubLog.Name())
 		<-faulted
 		return nil, fmt.Errorf("chaos: idem publish: %v\n%s", err, b)
@@ -262,8 +280,13 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	}
 	res := &Result{Seed: o.Seed, RunID: r.id, Queue: r.queue, Consumers: o.Consumers, Duration: o.Duration.String(),
 		Rate: o.Rate, Published: m.Messages, Distinct: len(m.Events), Planned: plan}
-	if err := r.settle(ctx, m); err != nil {
+	if err := r.settle(ctx, m, r.forgiven()); err != nil {
 		return nil, err
+	}
+	if r.fo != nil {
+		if res.Failover, err = r.resend(ctx, m); err != nil {
+			return nil, err
+		}
 	}
 	res.NotDrained = r.fleet.stop(60 * time.Second)
 	if r.hop != nil {
@@ -341,13 +364,24 @@ func (r *run) startServices(ctx context.Context) error {
 		r.cleanups = append(r.cleanups, r.redis.Kill)
 		r.amqpURL = r.o.AMQPURL
 	}
-	for range shards {
-		pg, err := sandbox.StartPostgres("")
-		if err != nil {
-			return fmt.Errorf("chaos: the run needs a PostgreSQL of its own (to restart it): %w", err)
+	for shard := range shards {
+		var pg *sandbox.Postgres
+		poolURL := ""
+		if shard == 0 && slices.Contains(r.o.Faults, PGFailover) {
+			pair, err := r.startPair()
+			if err != nil {
+				return err
+			}
+			r.cleanups = append(r.cleanups, pair.Remove)
+			pg, poolURL = pair.Primary, pair.URL()
+		} else {
+			if pg, err = sandbox.StartPostgres(""); err != nil {
+				return fmt.Errorf("chaos: the run needs a PostgreSQL of its own (to restart it): %w", err)
+			}
+			r.cleanups = append(r.cleanups, pg.Remove)
+			poolURL = pg.URL()
 		}
-		r.cleanups = append(r.cleanups, pg.Remove)
-		pool, err := pgxpool.New(ctx, pg.URL())
+		pool, err := pgxpool.New(ctx, poolURL)
 		if err != nil {
 			return err
 		}
@@ -425,8 +459,12 @@ type endpoints struct {
 // links' upstreams).
 func (r *run) direct() endpoints {
 	var e endpoints
-	for _, pg := range r.pgs {
-		e.pg = append(e.pg, sandbox.WithParam(pg.URL(), "application_name", r.appName))
+	for i, pg := range r.pgs {
+		u := pg.URL()
+		if i == 0 && r.fo != nil {
+			u = r.fo.pair.URL() // the pair's front: the primary, whichever it is
+		}
+		e.pg = append(e.pg, sandbox.WithParam(u, "application_name", r.appName))
 	}
 	if r.rcluster != nil {
 		e.redis = r.rcluster.URL()
@@ -619,7 +657,7 @@ func (r *run) effects(ctx context.Context) int64 {
 // passes; the verdict is taken after the fleet stops. A delivery still held
 // (a duplicate retried in place while Postgres restarts, say) would be
 // handed back by the stop and counted as stuck.
-func (r *run) settle(ctx context.Context, m loadgen.Manifest) error {
+func (r *run) settle(ctx context.Context, m loadgen.Manifest, forgive map[string]bool) error {
 	deadline := time.Now().Add(r.o.Settle)
 	quietSince := time.Time{}
 	for time.Now().Before(deadline) {
@@ -627,7 +665,7 @@ func (r *run) settle(ctx context.Context, m loadgen.Manifest) error {
 		if err == nil && rep.Doubled > 0 {
 			return nil
 		}
-		if err == nil && rep.Missing == 0 && (r.hop == nil || r.hopSettled(ctx, m)) {
+		if err == nil && r.onlyForgiven(ctx, m, rep.Missing, forgive) && (r.hop == nil || r.hopSettled(ctx, m, forgive)) {
 			left, err := r.workDepth()
 			if err != nil {
 				return err
@@ -649,6 +687,27 @@ func (r *run) settle(ctx context.Context, m loadgen.Manifest) error {
 	}
 	r.logf("the fleet did not settle within %s", r.o.Settle)
 	return nil
+}
+
+// onlyForgiven reports whether the missing payments, n of them, are all
+// in forgive (see forgiven).
+func (r *run) onlyForgiven(ctx context.Context, m loadgen.Manifest, n int, forgive map[string]bool) bool {
+	if n == 0 {
+		return true
+	}
+	if n > len(forgive) {
+		return false
+	}
+	missing, err := r.missingPayments(ctx, m)
+	if err != nil {
+		return false
+	}
+	for _, id := range missing {
+		if !forgive[id] {
+			return false
+		}
+	}
+	return true
 }
 
 // unacked sums the deliveries the running consumers hold unacked, as their

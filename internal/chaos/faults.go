@@ -137,6 +137,8 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 			what = fmt.Sprintf("postgres shard %d", k)
 		}
 		return fmt.Sprintf("%s stopped (immediate), down for %s", what, p.For), r.pgs[k].Start()
+	case PGFailover:
+		return r.failover(ctx, p)
 	case AMQPClose:
 		// The consume connections and the relays': losing one ends a
 		// consumer's session, or a relay's pass mid-confirm. A session
@@ -148,12 +150,20 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 			ours := strings.HasPrefix(name, r.fleet.prefix) || (r.hop != nil && strings.HasPrefix(name, r.hop.prefix))
 			return ours && !strings.HasSuffix(name, broker.PublishingConnectionSuffix)
 		}
+		// The fleet may be between connections (a broker fault just
+		// before closed them all, and a loaded machine reconnects
+		// slowly): wait for one, as relay-cut waits for a publish.
 		n := 0
-		for _, cut := range r.cuts {
-			n += cut.DropWhere(consuming)
+		for deadline := time.Now().Add(relayCutGrace); ctx.Err() == nil; time.Sleep(100 * time.Millisecond) {
+			for _, cut := range r.cuts {
+				n += cut.DropWhere(consuming)
+			}
+			if n > 0 || time.Now().After(deadline) {
+				break
+			}
 		}
 		if n == 0 {
-			return "", fmt.Errorf("no consumer connection named %s* to close", r.fleet.prefix)
+			return "", fmt.Errorf("no consumer connection named %s* to close within %s", r.fleet.prefix, relayCutGrace)
 		}
 		return fmt.Sprintf("%d consumer and relay connections closed at the proxy", n), nil
 	case PGBlackhole, PGReset, PGLatency, RedisBlackhole, RedisReset, RedisLatency, AMQPBlackhole, AMQPReset, APIBlackhole:

@@ -50,6 +50,9 @@ type Result struct {
 	// relays' of both fleets (outbox/sent, outbox/retry, outbox/dead).
 	HopOutcomes   map[string]int64 `json:"hopOutcomes,omitempty"`
 	RelayOutcomes map[string]int64 `json:"relayOutcomes,omitempty"`
+	// Failover is a pg-failover run's: what its failovers undid, lost and
+	// what the re-send applied; nil without the kind.
+	Failover *FailoverReport `json:"failover,omitempty"`
 
 	Planned  []Planned     `json:"planned"`
 	Faults   []Fault       `json:"faults"`
@@ -144,6 +147,7 @@ func (res *Result) judge() {
 	add(res.DeadLetterQueue > 0, "%d messages in the dead-letter queue", res.DeadLetterQueue)
 	add(len(res.NotDrained) > 0, "consumers did not drain on SIGTERM: %s", strings.Join(res.NotDrained, "; "))
 	res.judgeHop(add)
+	res.judgeFailover(add)
 	for _, f := range res.Faults {
 		add(f.Err != "", "fault %s at %.1fs could not be injected: %s", f.Kind, f.Start, f.Err)
 	}
@@ -212,9 +216,14 @@ func (res *Result) Print(w io.Writer) {
 	row("left in queue", res.LeftInQueue)
 	row("in dead-letter queue", res.DeadLetterQueue)
 	res.printHop(&t)
+	res.printFailover(&t)
 	t.print(w)
 	fmt.Fprintln(w)
 	if res.OK {
+		if f := res.Failover; f != nil && len(f.Lost)+len(f.LostReceipts) > 0 {
+			fmt.Fprintf(w, "(the failovers to an asynchronous standby lost %s and %s the fleet had acked (named in chaos.json); the re-send applied each once)\n",
+				count(len(f.Lost), "payment"), count(len(f.LostReceipts), "receipt"))
+		}
 		if res.Hop != nil {
 			fmt.Fprintln(w, "PASS: every event applied exactly once, every receipt recorded once and acted on once by the API, nothing lost, nothing stuck")
 			return

@@ -27,6 +27,7 @@ const (
 	RedisEvict     Kind = "redis-evict"     // tight maxmemory, allkeys-random: Redis evicts as it is written to
 	PGTerminate    Kind = "pg-terminate"    // pg_terminate_backend on every consumer session
 	PGRestart      Kind = "pg-restart"      // stop the run's Postgres in immediate mode, start it later
+	PGFailover     Kind = "pg-failover"     // kill the run's primary mid-stream, promote its standby, re-point the links, add a standby
 	AMQPClose      Kind = "amqp-close"      // close the consumers' consume and relay connections at the proxy
 	PGBlackhole    Kind = "pg-blackhole"    // Postgres links forward nothing, close nothing, for a while
 	PGReset        Kind = "pg-reset"        // Postgres links close every connection as data flows, briefly
@@ -54,6 +55,7 @@ var Describe = map[Kind]string{
 	RedisEvict:     "maxmemory 256kb above its use, allkeys-random: Redis evicts as it is written to",
 	PGTerminate:    "pg_terminate_backend on every consumer session",
 	PGRestart:      "stop the run's PostgreSQL in immediate mode, start it seconds later",
+	PGFailover:     "the run's PostgreSQL is a primary and a streaming standby (synchronous; --async-standby: asynchronous): cut the standby off, kill the primary 0.5-3s later (asynchronous: once it committed 10 rows the standby lacks, up to 10s more), promote the standby, re-point the links, give it a new standby; the commits the old primary had that the new one lacks are named (with --cluster: shard 0)",
 	AMQPClose:      "close the consumers' consume and relay connections at the proxy in front of the broker, found by connection name (their publishing connections are left alone)",
 	PGBlackhole:    "one consumer's links to PostgreSQL, or all, forward nothing and close nothing for seconds; healing closes the connections they silenced",
 	PGReset:        "one consumer's links to PostgreSQL, or all, close each connection as data flows on it, for 300ms",
@@ -72,7 +74,7 @@ var Describe = map[Kind]string{
 
 // Kinds lists every fault kind.
 var Kinds = []Kind{ConsumerKill, CrashPoint, RedisKill, RedisPause, RedisSlow, RedisFlush,
-	RedisEvict, PGTerminate, PGRestart, AMQPClose, PGBlackhole, PGReset, PGLatency,
+	RedisEvict, PGTerminate, PGRestart, PGFailover, AMQPClose, PGBlackhole, PGReset, PGLatency,
 	RedisBlackhole, RedisReset, RedisLatency, AMQPBlackhole, AMQPReset,
 	RabbitKill, HTTPFail, HTTPSlow, RelayCut, APIBlackhole}
 
@@ -256,7 +258,8 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []str
 	// their delay does not push the round's timed faults (the Redis ones
 	// that must open a breaker) past the stream: a killed RabbitMQ node
 	// takes twenty seconds or so to boot again.
-	slow := []Kind{RabbitKill}
+	// A failover also waits for a base backup (its new standby).
+	slow := []Kind{PGFailover, RabbitKill}
 	at := start
 	for round := 0; len(infra) > 0 && (round == 0 || at < end); round++ {
 		order := slices.Clone(infra)
@@ -284,6 +287,9 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []str
 				p.Lag = between(100*time.Millisecond, 300*time.Millisecond)
 			case PGReset, RedisReset, AMQPReset:
 				p.For = resetFor
+			case PGFailover:
+				// How long the primary lives on with its standby cut off.
+				p.For = between(500*time.Millisecond, 3*time.Second)
 			}
 			target(&p)
 			faults = append(faults, p)

@@ -86,7 +86,7 @@ func TestFirstRoundFitsInTheStream(t *testing.T) {
 			infra = append(infra, k)
 		}
 	}
-	require.Len(t, infra, 16)
+	require.Len(t, infra, 17)
 	d := 40 * time.Second
 	for seed := range uint64(500) {
 		seen := map[Kind]bool{}
@@ -100,7 +100,7 @@ func TestFirstRoundFitsInTheStream(t *testing.T) {
 			if p.For > 0 {
 				floor := time.Second
 				switch p.Kind {
-				case RedisPause:
+				case RedisPause, PGFailover:
 					floor = 500 * time.Millisecond
 				case PGReset, RedisReset, AMQPReset:
 					floor = resetFor

@@ -17,7 +17,7 @@ func runChaos(ctx context.Context, e *cli.Env, args []string) error {
 drawn from the seed hits it: consumers SIGKILLed and armed to die at every
 named crash point; the run's own Redis killed, paused, slowed, flushed and
 made to evict; the consumers' Postgres sessions terminated and the run's own
-Postgres restarted; the consumers' broker connections closed by name; and
+Postgres restarted, and failed over: killed mid-stream, its standby promoted; the consumers' broker connections closed by name; and
 the links every consumer reaches Postgres, Redis, the broker and the API
 through (fault proxies of the run's own) blackholed, reset and slowed. With
 the second hop (the default), every payment also sends a RECEIPT_REQUESTED
@@ -30,10 +30,15 @@ recorded once, and every receipt's POST acted on once) and nothing is stuck,
 prints the verdict, and writes chaos.json (numbers and timeline) and
 chaos.html (a timeline chart with the fault windows and breaker state) to
 --dir. Exits 1 if anything was doubled, lost or stuck, or a fault could not
-be injected.
+be injected. With pg-failover, what a failover undid and the fleet had
+acked is lost: with the synchronous standby (the default) that fails the
+run; with --async-standby the lost events are named, re-sent once the fleet
+settled (with the outbox rows of lost receipts replayed), and the verdict
+requires the re-send to apply exactly those, once.
 
 It starts its own redis-server and PostgreSQL cluster (initdb must be
-installed) and declares its own queue on the broker at AMQP_URL. With
+installed; with pg-failover, a primary and a standby made with
+pg_basebackup, behind a proxy that moves to the promoted one) and declares its own queue on the broker at AMQP_URL. With
 --cluster it starts, instead, a Redis Cluster (redis-cli), a 3-node RabbitMQ
 cluster (the rabbitmq-server package, run as the rabbitmq user) and two
 PostgreSQL shards, and the Redis faults hit a master (the consumers reach
@@ -52,6 +57,7 @@ kinds:
 	dir := fs.String("dir", "", "directory for logs, chaos.json and chaos.html (default: a new temp dir)")
 	cluster := fs.Bool("cluster", false, "run on a Redis Cluster, a 3-node RabbitMQ cluster with partitioned queues and 2 PostgreSQL shards of the run's own, adding rabbit-kill")
 	partitions := fs.Int("partitions", 0, "queue partitions of a --cluster run (default 4)")
+	async := fs.Bool("async-standby", false, "pg-failover: the standby is asynchronous (streaming replication's default), so that a failover loses acked commits; the run names them and re-sends them")
 	twoHop := fs.Bool("two-hop", true, "add the second hop: payments send a RECEIPT_REQUESTED each through the outbox (every consumer runs a relay), receipts consumers record them and POST each to an API the run serves; the verdict checks both hops")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -86,7 +92,7 @@ kinds:
 	res, err := chaos.Run(ctx, chaos.Options{
 		Bin: bin, Dir: *dir, AMQPURL: cfg.AMQPURL, Consumers: *consumers, Duration: *duration, Rate: *rate,
 		DupRatio: *dup, Users: *users, Seed: *seed, Faults: kinds, Settle: *settle, ConfigPath: *path,
-		Cluster: *cluster, Partitions: *partitions, TwoHop: *twoHop, Progress: e.Stderr,
+		Cluster: *cluster, Partitions: *partitions, TwoHop: *twoHop, AsyncStandby: *async, Progress: e.Stderr,
 	})
 	if err != nil {
 		return err

@@ -217,6 +217,16 @@ func (p *Pair) Promote() error {
 	return nil
 }
 
+// Former is the primary the last failover left behind, killed (Recover
+// starts it, as a primary of its own, to read what it had committed;
+// nothing reaches it through the front), or nil before any failover.
+func (p *Pair) Former() *Postgres {
+	if len(p.former) == 0 {
+		return nil
+	}
+	return p.former[len(p.former)-1]
+}
+
 // Repoint moves the front link to the primary (the promoted standby, after
 // Promote): its open connections close, and new ones reach the primary.
 func (p *Pair) Repoint() error {
@@ -254,6 +264,28 @@ func (s *Postgres) Kill() error {
 		}
 	}
 	return nil
+}
+
+// Recover starts a cluster that Kill left behind. Its lock files (the
+// data directory's postmaster.pid, the socket's .lock) name a process
+// that is dead but may not be reaped yet: a zombie, which the server's own
+// check (kill 0) takes for a postmaster still running, and init may take
+// its time. The lock files of a dead one, and its socket, are removed
+// first.
+func (s *Postgres) Recover() error {
+	lock := filepath.Join(s.data(), "postmaster.pid")
+	if b, err := os.ReadFile(lock); err == nil {
+		first, _, _ := strings.Cut(string(b), "\n")
+		if pid, err := strconv.Atoi(strings.TrimSpace(first)); err == nil && !alive(pid) {
+			socket := filepath.Join(s.dir, fmt.Sprintf(".s.PGSQL.%d", s.Port))
+			for _, f := range []string{lock, socket + ".lock", socket} {
+				if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+					return fmt.Errorf("sandbox: recover postgres: %w", err)
+				}
+			}
+		}
+	}
+	return s.Start()
 }
 
 // childrenOf lists the processes whose parent is pid, from /proc.
