@@ -1,4 +1,5 @@
 # The idem binary, for docker-compose.yml's consumer and migrate services.
+# Base images are named by tag here; pin them by digest for an image you ship (docs/security.md).
 FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
