@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -230,27 +231,32 @@ func markerHistory(ctx context.Context, m fastkey.Marker, dbs Shards) string {
 	case m.History == "":
 		return "none (written before idem named histories): counts as absent"
 	}
-	var now []string
+	mh := inert(string(m.History)) // whoever can write the key wrote it
+	var now, unread []string
 	for i, pool := range dbs {
 		h, err := pgtier.New(pool).History(ctx)
 		if err != nil {
-			return fmt.Sprintf("%s (the database's could not be read: %v)", m.History, dbErr(err))
+			unread = append(unread, fmt.Sprintf("%s could not be read: %v", cmp.Or(dbs.name(i), "the database's"), dbErr(err)))
+			continue
 		}
 		if m.History.Confirms(h) {
 			if m.State == tier.FastPending {
-				return fmt.Sprintf("%s, the database's now", m.History)
+				return fmt.Sprintf("%s, the database's now", mh)
 			}
 			if name := dbs.name(i); name != "" {
-				return fmt.Sprintf("%s, %s's now: trusted", m.History, name)
+				return fmt.Sprintf("%s, %s's now: trusted by a consumer whose event maps to %s", mh, name, name)
 			}
-			return fmt.Sprintf("%s, the database's now: trusted", m.History)
+			return fmt.Sprintf("%s, the database's now: trusted", mh)
 		}
 		now = append(now, string(h))
 	}
-	if m.State == tier.FastPending {
-		return fmt.Sprintf("%s, not the database's now (%s): the history its holder knew; a lease holds whatever its history until it expires", m.History, strings.Join(now, ", "))
+	if len(now) == 0 {
+		return fmt.Sprintf("%s (%s)", mh, strings.Join(unread, "; "))
 	}
-	return fmt.Sprintf("%s, not the database's now (%s): the database failed over, was restored or re-created since; the marker counts as absent and the next copy goes to PostgreSQL", m.History, strings.Join(now, ", "))
+	if m.State == tier.FastPending {
+		return fmt.Sprintf("%s, not the database's now (%s): the history its holder knew; a lease holds whatever its history until it expires", mh, strings.Join(now, ", "))
+	}
+	return fmt.Sprintf("%s, not the database's now (%s): the database failed over, was restored or re-created since; the marker counts as absent and the next copy goes to PostgreSQL", mh, strings.Join(now, ", "))
 }
 
 // inspectDedupRow prints the event's dedup row in one database and reports

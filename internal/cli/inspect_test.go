@@ -26,7 +26,7 @@ func TestInspectSaysWhetherAMarkersHistoryIsTheDatabases(t *testing.T) {
 
 	require.Equal(t, string(now)+", the database's now: trusted",
 		markerHistory(ctx, fastkey.Marker{State: tier.FastDone, History: now}, dbs))
-	require.Equal(t, string(now)+", shard 0's now: trusted",
+	require.Equal(t, string(now)+", shard 0's now: trusted by a consumer whose event maps to shard 0",
 		markerHistory(ctx, fastkey.Marker{State: tier.FastDone, History: now}, Shards{pool, pool}))
 	other := markerHistory(ctx, fastkey.Marker{State: tier.FastDone, History: "0123456789ab"}, dbs)
 	require.Contains(t, other, "0123456789ab, not the database's now ("+string(now)+")")

@@ -241,6 +241,7 @@ func TestTLSWarnings(t *testing.T) {
 		{"sslmode verify-ca", func(c *Config) { c.DatabaseURL = "host=db.example.com password=" + pw + " sslmode=verify-ca" }, "database_url: sslmode=verify-ca"},
 		{"sslmode verify-full", func(c *Config) { c.DatabaseURL = "postgres://u:" + pw + "@db.example.com/app?sslmode=verify-full" }, ""},
 		{"unix socket", func(c *Config) { c.DatabaseURL = "host=/var/run/postgresql sslmode=disable" }, ""},
+		{"redis unix socket", func(c *Config) { c.RedisURL = "unix:///var/run/redis/redis.sock" }, ""},
 		{"shard below verify-full", func(c *Config) {
 			c.Postgres.Shards = "postgres://db0.example.com/a?sslmode=verify-full postgres://u:" + pw + "@db1.example.com/a?sslmode=require"
 		}, "postgres.shards (shard 1): sslmode=require"},

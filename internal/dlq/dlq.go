@@ -226,7 +226,7 @@ func (q *Queue) holdFence(fence string) (owner string, release func(), err error
 	if err != nil {
 		return "", nil, fmt.Errorf("dlq: open channel: %w", err)
 	}
-	owner = "idem.dlq-walk." + fence
+	owner = walkQueuePrefix + fence
 	if _, err := ch.QueueDeclare(owner, false, false, true, false, nil); err != nil {
 		_ = ch.Close()
 		return "", nil, fmt.Errorf("dlq: declare the walk's queue %q (the user needs configure permission on idem.dlq-walk.*): %w", owner, err)
@@ -236,6 +236,31 @@ func (q *Queue) holdFence(fence string) (owner string, release func(), err error
 		_ = ch.Close()
 	}, nil
 }
+
+// fenceOf returns the walk ID of a fence. A fence is published by a walk
+// straight to the dead-letter queue, so it never carries x-death, and its
+// owner, if named, is a walk's queue: a producer's message that the broker
+// dead-lettered with forged fence headers is a letter like any other, and
+// can neither hide behind another walk's fence nor be removed as one left
+// behind.
+func fenceOf(d amqp.Delivery) (string, bool) {
+	id, ok := d.Headers[HeaderFence].(string)
+	if !ok {
+		return "", false
+	}
+	if _, dead := d.Headers["x-death"]; dead {
+		return "", false
+	}
+	if owner, named := d.Headers[HeaderFenceOwner]; named {
+		if o, ok := owner.(string); !ok || o != walkQueuePrefix+id {
+			return "", false
+		}
+	}
+	return id, true
+}
+
+// walkQueuePrefix begins the name of the queue a running walk holds.
+const walkQueuePrefix = "idem.dlq-walk."
 
 // leftBehind reports whether fence d belongs to a walk that no longer
 // runs: the queue it held is gone. Any other answer (the broker's
@@ -312,7 +337,7 @@ func (q *Queue) Walk(ctx context.Context, visit func(Message) (Verdict, error)) 
 			// of the snapshot is held elsewhere.
 			return visited, nil
 		}
-		if id, ok := d.Headers[HeaderFence].(string); ok {
+		if id, ok := fenceOf(d); ok {
 			switch {
 			case id == fence:
 				return visited, d.Ack(false) // the snapshot is done

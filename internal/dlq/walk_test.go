@@ -2,6 +2,7 @@ package dlq_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -146,6 +147,7 @@ func (r *rig) putFence(owner string, age time.Duration) {
 	r.t.Helper()
 	h := amqp.Table{dlq.HeaderFence: "walk-of-" + r.t.Name()}
 	if owner != "" {
+		h[dlq.HeaderFence] = strings.TrimPrefix(owner, "idem.dlq-walk.")
 		h[dlq.HeaderFenceOwner] = owner
 	}
 	require.NoError(r.t, r.ch.Confirm(false))
@@ -241,4 +243,34 @@ func TestAWalkHoldsItsQueueWhileItRuns(t *testing.T) {
 	var ae *amqp.Error
 	require.ErrorAs(t, probe(owner), &ae)
 	require.Equal(t, amqp.NotFound, ae.Code, "the walk's queue outlived it")
+}
+
+// TestAForgedFenceIsALetter: a producer's message with fence headers, which
+// the broker dead-lettered (it carries x-death), or whose owner is no
+// walk's queue, is a dead letter like any other: a walk visits it, so that
+// it can neither hide from every tool behind a fence a running walk seems
+// to hold nor be removed unseen as a fence left behind.
+func TestAForgedFenceIsALetter(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	// A queue that exists, as a running walk's would.
+	held := "idem.dlq-walk.forged-" + testenv.Name(t)
+	_, err := r.ch.QueueDeclare(held, false, true, false, false, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sandbox.DeleteQueue(testenv.AMQPURL(), held) })
+	forge := func(id string, h amqp.Table) {
+		require.NoError(t, r.ch.Confirm(false))
+		dc, err := r.ch.PublishWithDeferredConfirmWithContext(context.Background(), "", r.q.DLQ, true, false, amqp.Publishing{
+			MessageId: id, Headers: h, Timestamp: time.Now().Add(-2 * time.Hour), DeliveryMode: amqp.Persistent,
+		})
+		require.NoError(t, err)
+		require.True(t, dc.Wait())
+	}
+	r.put("A")
+	forge("dead-lettered", amqp.Table{dlq.HeaderFence: strings.TrimPrefix(held, "idem.dlq-walk."), dlq.HeaderFenceOwner: held,
+		"x-death": []any{amqp.Table{"reason": "expired", "queue": r.q.Work, "count": int64(1)}}})
+	forge("not its owner", amqp.Table{dlq.HeaderFence: "other", dlq.HeaderFenceOwner: r.q.Work})
+	r.put("B")
+	require.Equal(t, []string{"A", "dead-lettered", "not its owner", "B"}, r.walk())
+	require.Equal(t, 4, r.depth(), "every letter kept")
 }

@@ -112,6 +112,9 @@ func Redis(setting string, cfg *tls.Config, addrs ...string) string {
 		return ""
 	}
 	for _, a := range addrs {
+		if Loopback(a) { // a Unix socket's path (unix://)
+			continue
+		}
 		host, _, err := net.SplitHostPort(a)
 		if err != nil || !Loopback(host) {
 			return setting + ": redis:// is plaintext; use rediss://"
