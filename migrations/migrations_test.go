@@ -99,4 +99,5 @@ func TestARoleThatMayNotCreateAppliesNothingQuietly(t *testing.T) {
 	defer runtime2.Close()
 	_, err = migrations.Apply(ctx, runtime2)
 	require.ErrorContains(t, err, "permission denied", "the role may not create: the test would prove nothing")
+	require.ErrorContains(t, err, "run `idem migrate` as the migrator role", "and it is told what to do")
 }
