@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/loadgen"
@@ -44,7 +45,11 @@ type failoverState struct {
 	// undone: payments a failover undid; undoneReceipts: payments whose
 	// receipt row a failover undid.
 	undone, undoneReceipts map[string]bool
-	records                []FailoverRecord
+	// answered: undone payments whose done marker was in Redis when their
+	// primary died: their COMMIT had been answered success, so they were
+	// acked, or about to be, whatever the fleet did with them after.
+	answered map[string]bool
+	records  []FailoverRecord
 }
 
 // FailoverRecord is one failover as it happened.
@@ -53,6 +58,8 @@ type FailoverRecord struct {
 	CutFor         string  `json:"cutFor"`         // how long the primary lived on, its standby cut off
 	Undone         int     `json:"undone"`         // payments the old primary had and the new one lacked
 	UndoneReceipts int     `json:"undoneReceipts"` // receipts, likewise
+	Answered       int     `json:"answered"`       // undone payments whose commit had been answered success
+	MarkersRead    bool    `json:"markersRead"`    // Redis was read for them when the primary died
 }
 
 // FailoverReport is the verdict's failover part.
@@ -67,6 +74,11 @@ type FailoverReport struct {
 	// fleet settled. LostReceipts: payments whose receipt was, likewise.
 	Lost         []string `json:"lost"`
 	LostReceipts []string `json:"lostReceipts"`
+	// Answered are the undone payments whose commit had been answered
+	// success (their done marker was in Redis when the primary died):
+	// acked, even if a later copy applied them again before the fleet
+	// settled, which would hide them from Lost.
+	Answered []string `json:"answered"`
 	// Unnamed are missing payments no failover undid: lost otherwise.
 	Unnamed []string `json:"unnamed"`
 	// ReSent is the messages the re-send published (every undone payment
@@ -96,7 +108,7 @@ func (r *run) startPair() (*sandbox.Pair, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chaos: pg-failover needs a primary and a standby of the run's own: %w", err)
 	}
-	r.fo = &failoverState{pair: pair, async: r.o.AsyncStandby, undone: map[string]bool{}, undoneReceipts: map[string]bool{}}
+	r.fo = &failoverState{pair: pair, async: r.o.AsyncStandby, undone: map[string]bool{}, undoneReceipts: map[string]bool{}, answered: map[string]bool{}}
 	return pair, nil
 }
 
@@ -136,6 +148,13 @@ func (r *run) failover(ctx context.Context, p Planned) (string, error) {
 	if err := pair.KillPrimary(); err != nil {
 		return "", err
 	}
+	// The done markers now in Redis name commits that were answered
+	// success before the primary died; the fleet cannot write more for
+	// the old primary, nor rewrite these, until the links are re-pointed.
+	marked, markedErr := r.doneMarkers(ctx)
+	if markedErr != nil {
+		r.logf("pg-failover: the done markers could not be read (%v): answered commits are judged by what is missing only", markedErr)
+	}
 	if err := pair.Promote(); err != nil {
 		return "", err
 	}
@@ -162,11 +181,15 @@ func (r *run) failover(ctx context.Context, p Planned) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("read the killed primary: %w", err)
 	}
-	rec := FailoverRecord{At: at, CutFor: lived.Round(time.Millisecond).String()}
+	rec := FailoverRecord{At: at, CutFor: lived.Round(time.Millisecond).String(), MarkersRead: markedErr == nil}
 	for id := range had.payments {
 		if !now.payments[id] {
 			f.undone[id] = true
 			rec.Undone++
+			if marked[id] {
+				f.answered[id] = true
+				rec.Answered++
+			}
 		}
 	}
 	for id := range had.receipts {
@@ -324,6 +347,10 @@ func (r *run) resend(ctx context.Context, m loadgen.Manifest) (*FailoverReport, 
 		}
 		sort.Strings(rep.Receiptless)
 	}
+	for id := range f.answered {
+		rep.Answered = append(rep.Answered, id)
+	}
+	sort.Strings(rep.Answered)
 	sort.Strings(rep.Lost)
 	sort.Strings(rep.Unnamed)
 	r.logf("failovers (%s standby): %d payments and %d receipts undone; %d payments and %d receipts acked and lost, %d payments missing otherwise",
@@ -427,6 +454,7 @@ func (res *Result) judgeFailover(add func(cond bool, format string, args ...any)
 	}
 	sync := f.Standby == "synchronous"
 	add(sync && len(f.Lost) > 0, "%d acked payments lost in a failover to a synchronous standby: %s", len(f.Lost), names(f.Lost))
+	add(sync && len(f.Answered) > 0, "%d payments whose commit had been answered success undone by a failover to a synchronous standby: %s", len(f.Answered), names(f.Answered))
 	add(sync && len(f.LostReceipts) > 0, "%d acked receipts lost in a failover to a synchronous standby: %s", len(f.LostReceipts), names(f.LostReceipts))
 	add(len(f.Unnamed) > 0, "%d payments missing that no failover undid: %s", len(f.Unnamed), names(f.Unnamed))
 	lost := slices.Concat(f.Lost, f.Unnamed)
@@ -444,6 +472,7 @@ func (res *Result) printFailover(t *table) {
 	t.head(fmt.Sprintf("POSTGRES FAILOVER (%s standby)", f.Standby))
 	t.row("failovers", len(f.Failovers))
 	t.row("commits undone (the old primary had them, the new one not)", fmt.Sprintf("%d payments, %d receipts", f.Undone, f.UndoneReceipts))
+	t.row("  of them answered success (done marker written)", len(f.Answered))
 	t.row("  of them acked and lost", fmt.Sprintf("%d payments, %d receipts", len(f.Lost), len(f.LostReceipts)))
 	t.row("payments missing that no failover undid", len(f.Unnamed))
 	t.row("re-sent payments / replayed outbox rows", fmt.Sprintf("%d / %d", f.ReSent, f.Replayed))
@@ -451,4 +480,54 @@ func (res *Result) printFailover(t *table) {
 	if res.Hop != nil {
 		t.row("receipts missing before the re-send / recorded by it", fmt.Sprintf("%d / %d", len(f.Receiptless), len(f.ReRecorded)))
 	}
+}
+
+// doneMarkers returns the payments whose done marker is in the run's
+// Redis now, read with SCAN and MGET; nil, and no error, in a --cluster
+// run, whose Redis it does not read.
+func (r *run) doneMarkers(ctx context.Context) (map[string]bool, error) {
+	if r.redis == nil {
+		return nil, nil
+	}
+	opt, err := redis.ParseURL(r.redis.URL())
+	if err != nil {
+		return nil, err
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out := map[string]bool{}
+	iter := rdb.Scan(ctx, 0, "*:"+paymentsScope+":*", 1000).Iterator()
+	var keys []string
+	flush := func() error {
+		if len(keys) == 0 {
+			return nil
+		}
+		vals, err := rdb.MGet(ctx, keys...).Result()
+		if err != nil {
+			return err
+		}
+		for i, v := range vals {
+			if s, ok := v.(string); ok && strings.HasPrefix(s, "done:") {
+				// prefix:scope:id; neither prefix nor scope holds a ':'
+				if parts := strings.SplitN(keys[i], ":", 3); len(parts) == 3 {
+					out[parts[2]] = true
+				}
+			}
+		}
+		keys = keys[:0]
+		return nil
+	}
+	for iter.Next(ctx) {
+		if keys = append(keys, iter.Val()); len(keys) == 1000 {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return nil, err
+	}
+	return out, flush()
 }

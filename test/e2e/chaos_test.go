@@ -112,6 +112,7 @@ func TestChaosAsyncStandbyCI(t *testing.T) {
 	require.NotEmpty(t, f.Failovers)
 	require.NotEmpty(t, f.Lost, "the premise: a failover to an asynchronous standby cut off mid-stream loses acked events")
 	require.Empty(t, f.Unnamed)
+	require.NotEmpty(t, f.Answered, "the lost commits had been answered success: their done markers were in Redis when the primary died")
 	require.Equal(t, f.Lost, f.ReApplied, "the re-send applies exactly the lost events")
 	require.LessOrEqual(t, len(f.Lost), f.Undone)
 	require.Equal(t, f.ReSent, f.Undone, "every undone payment is re-sent")
