@@ -11,7 +11,6 @@ package migrations
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -19,7 +18,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemhq/idem/internal/pgerr"
 )
 
 //go:embed *.sql
@@ -131,7 +131,7 @@ func ApplySet(ctx context.Context, db Conn, set Set) ([]Migration, error) {
 			version    int         PRIMARY KEY,
 			name       text        NOT NULL,
 			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-			if pgErrCode(err) == "42501" {
+			if pgerr.SQLState(err) == "42501" {
 				return nil, fmt.Errorf("migrate: create %s: %w: %s", set.Ledger, err, needsMigrator)
 			}
 			return nil, fmt.Errorf("migrate: create %s: %w", set.Ledger, err)
@@ -147,7 +147,7 @@ func ApplySet(ctx context.Context, db Conn, set Set) ([]Migration, error) {
 			continue
 		}
 		if _, err := tx.Exec(ctx, m.SQL); err != nil {
-			if pgErrCode(err) == "42501" { // insufficient_privilege
+			if pgerr.SQLState(err) == "42501" { // insufficient_privilege
 				return nil, fmt.Errorf("migrate: %04d_%s: %w: %s", m.Version, m.Name, err, needsMigrator)
 			}
 			return nil, fmt.Errorf("migrate: %04d_%s: %w", m.Version, m.Name, err)
@@ -226,12 +226,3 @@ func recorded(ctx context.Context, tx pgx.Tx, ledger string) (map[int]bool, erro
 
 // needsMigrator is what a role that may not create is told to do.
 const needsMigrator = "this role may not apply idem's migrations: run `idem migrate` as the migrator role (docs/security.md), then start with --no-migrate (Migrate: false in the library)"
-
-// pgErrCode is err's SQLSTATE, or "".
-func pgErrCode(err error) string {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return pe.Code
-	}
-	return ""
-}
