@@ -48,18 +48,28 @@ func runChaos(t *testing.T, args ...string) (chaos.Result, string) {
 
 // TestChaosCI runs `idem-lab chaos` with the CI scenario: 4 consumers, 40
 // seconds of stream with a quarter re-sent, and every fault kind at least
-// once, each crash point included, and a failover of the run's Postgres to
-// its synchronous standby. The command's own verdict must pass, and its
-// JSON must show that every fault really happened.
+// once but pg-failover (TestChaosSyncStandbyCI), each crash point
+// included. The command's own verdict must pass, and its JSON must show
+// that every fault really happened.
 //
 // IDEM_CHAOS_SEED replays a seed; the seed in use is logged.
 func TestChaosCI(t *testing.T) {
 	t.Parallel()
-	res, dir := runChaos(t, "--duration", "40s", "--rate", "200", "--consumers", "4")
+	// Every kind but pg-failover, which TestChaosSyncStandbyCI runs: its
+	// ten seconds without a database, on two cores, left some armed
+	// consumers too few passes to reach their crash points in 40 s.
+	all, err := chaos.ParseKinds("all", false, true)
+	require.NoError(t, err)
+	var kinds []chaos.Kind
+	var names []string
+	for _, k := range all {
+		if k != chaos.PGFailover {
+			kinds, names = append(kinds, k), append(names, string(k))
+		}
+	}
+	res, dir := runChaos(t, "--duration", "40s", "--rate", "200", "--consumers", "4", "--faults", strings.Join(names, ","))
 	require.Greater(t, res.Published, res.Distinct, "the stream must carry re-sends")
 	counts := res.FaultCounts()
-	kinds, err := chaos.ParseKinds("all", false, true)
-	require.NoError(t, err)
 	for _, k := range kinds {
 		require.Positive(t, counts[k], "fault %s never injected", k)
 	}
@@ -83,15 +93,31 @@ func TestChaosCI(t *testing.T) {
 		reconnects = int64(logLines(t, dir, "amqp session ended, reconnecting"))
 	}
 	require.Positive(t, reconnects, "closed broker connections must show as reconnects")
-	require.NotNil(t, res.Failover)
-	require.Equal(t, "synchronous", res.Failover.Standby)
-	require.Len(t, res.Failover.Failovers, counts[chaos.PGFailover])
-	require.Empty(t, res.Failover.Lost, "a synchronous standby loses nothing acked")
-	require.Empty(t, res.Failover.LostReceipts, "a synchronous standby loses nothing acked")
 	require.NotEmpty(t, res.Timeline)
 	html, err := os.ReadFile(filepath.Join(dir, "chaos.html"))
 	require.NoError(t, err)
 	require.Contains(t, string(html), "<svg")
+}
+
+// TestChaosSyncStandbyCI runs `idem-lab chaos` with pg-failover alone: the
+// run's Postgres fails over to its synchronous standby, cut off while the
+// fleet streamed. Nothing acked is lost, no undone commit had been answered
+// success, and every payment has its receipt.
+//
+// Not parallel, as TestChaosAsyncStandbyCI.
+func TestChaosSyncStandbyCI(t *testing.T) {
+	res, _ := runChaos(t, "--duration", "12s", "--rate", "200", "--consumers", "2", "--faults", "pg-failover")
+	f := res.Failover
+	require.NotNil(t, f)
+	require.Equal(t, "synchronous", f.Standby)
+	require.NotEmpty(t, f.Failovers)
+	require.Len(t, f.Failovers, res.FaultCounts()[chaos.PGFailover])
+	require.Empty(t, f.Lost, "a synchronous standby loses nothing acked")
+	require.Empty(t, f.LostReceipts, "a synchronous standby loses nothing acked")
+	require.Empty(t, f.Answered, "no commit answered success is undone")
+	require.Empty(t, f.Unnamed)
+	require.Zero(t, res.Verify.Doubled)
+	require.Equal(t, res.Distinct, res.Hop.Distinct, "every payment has its receipt")
 }
 
 // TestChaosAsyncStandbyCI runs `idem-lab chaos --async-standby` with
