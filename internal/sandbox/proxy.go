@@ -27,9 +27,15 @@ func StartDelayProxy(target string, delay time.Duration) (*DelayProxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: proxy: %w", err)
 	}
+	return serveDelayProxy(ln, target, delay), nil
+}
+
+// serveDelayProxy forwards every connection ln accepts to target, with
+// delay added each way.
+func serveDelayProxy(ln net.Listener, target string, delay time.Duration) *DelayProxy {
 	p := &DelayProxy{ln: ln, target: target, delay: delay, conns: map[net.Conn]struct{}{}}
 	go p.serve()
-	return p, nil
+	return p
 }
 
 // Addr is the host:port to connect to instead of the target.

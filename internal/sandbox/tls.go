@@ -11,14 +11,12 @@ import (
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
-	"io"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -160,15 +158,24 @@ func StartPostgresTLS(parent string, p *PKI) (*Postgres, error) {
 // (tls-auth-clients), beside its plaintext port (for Start's readiness
 // check and the sandbox's own commands).
 func StartRedisTLS(dir string, p *PKI) (s *Redis, tlsPort int, err error) {
+	if s, tlsPort, err = redisTLS(dir, p, "--tls-auth-clients", "yes"); err != nil {
+		return nil, 0, err
+	}
+	return s, tlsPort, s.Start()
+}
+
+// redisTLS is a redis-server in dir, not started, on two free ports: a
+// TLS one serving p's server certificate (with p's CA for clients'), and a
+// plaintext one; args are added.
+func redisTLS(dir string, p *PKI, args ...string) (*Redis, int, error) {
 	port, err1 := FreePort()
 	tlsPort, err2 := FreePort()
 	if err1 != nil || err2 != nil {
 		return nil, 0, fmt.Errorf("sandbox: free port: %v %v", err1, err2)
 	}
-	s = &Redis{Port: port, dir: dir, Args: []string{"--tls-port", strconv.Itoa(tlsPort),
+	return &Redis{Port: port, dir: dir, Args: append([]string{"--tls-port", strconv.Itoa(tlsPort),
 		"--tls-cert-file", p.ServerCertFile, "--tls-key-file", p.ServerKeyFile,
-		"--tls-ca-cert-file", p.CAFile, "--tls-auth-clients", "yes"}}
-	return s, tlsPort, s.Start()
+		"--tls-ca-cert-file", p.CAFile}, args...)}, tlsPort, nil
 }
 
 // StartRedisClusterTLS starts a one-node Redis Cluster in dir, holding
@@ -177,17 +184,13 @@ func StartRedisTLS(dir string, p *PKI) (s *Redis, tlsPort int, err error) {
 // port; its plaintext port is for the sandbox's own commands. It waits
 // until the node reports the cluster ok.
 func StartRedisClusterTLS(dir string, p *PKI) (s *Redis, tlsPort int, err error) {
-	port, err1 := FreePort()
-	tlsPort, err2 := FreePort()
-	if err1 != nil || err2 != nil {
-		return nil, 0, fmt.Errorf("sandbox: free port: %v %v", err1, err2)
-	}
-	s = &Redis{Port: port, dir: dir, Args: []string{"--tls-port", strconv.Itoa(tlsPort),
-		"--tls-cert-file", p.ServerCertFile, "--tls-key-file", p.ServerKeyFile,
-		"--tls-ca-cert-file", p.CAFile, "--tls-auth-clients", "no", "--tls-cluster", "yes",
+	s, tlsPort, err = redisTLS(dir, p, "--tls-auth-clients", "no", "--tls-cluster", "yes",
 		"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf"),
 		// A lone node never learns its address from a MEET: say it.
-		"--cluster-announce-ip", "127.0.0.1"}}
+		"--cluster-announce-ip", "127.0.0.1")
+	if err != nil {
+		return nil, 0, err
+	}
 	if err := s.Start(); err != nil {
 		return nil, 0, err
 	}
@@ -216,15 +219,9 @@ func StartRedisClusterTLS(dir string, p *PKI) (s *Redis, tlsPort int, err error)
 // port and forwards each connection's plaintext to a target: a TLS
 // listener in front of a shared service the caller may not reconfigure.
 // It verifies a client certificate when one is sent (signed by the PKI's
-// CA), as RabbitMQ's verify_peer without fail_if_no_peer_cert does.
-type TLSProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	conns  map[net.Conn]bool
-	closed bool
-	wg     sync.WaitGroup
-}
+// CA), as RabbitMQ's verify_peer without fail_if_no_peer_cert does. It is
+// a DelayProxy without delay behind a TLS listener.
+type TLSProxy struct{ *DelayProxy }
 
 // StartTLSProxy listens on a free loopback port and forwards to target.
 func StartTLSProxy(p *PKI, target string) (*TLSProxy, error) {
@@ -243,64 +240,8 @@ func StartTLSProxy(p *PKI, target string) (*TLSProxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	x := &TLSProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	x.wg.Add(1)
-	go x.serve()
-	return x, nil
+	return &TLSProxy{serveDelayProxy(ln, target, 0)}, nil
 }
 
 // Port is the proxy's TLS port on 127.0.0.1.
 func (x *TLSProxy) Port() int { return x.ln.Addr().(*net.TCPAddr).Port }
-
-// Close stops listening, cuts every connection and waits for them.
-func (x *TLSProxy) Close() {
-	x.mu.Lock()
-	x.closed = true
-	for c := range x.conns {
-		c.Close()
-	}
-	x.mu.Unlock()
-	x.ln.Close()
-	x.wg.Wait()
-}
-
-func (x *TLSProxy) track(cs ...net.Conn) bool {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.closed {
-		return false
-	}
-	for _, c := range cs {
-		x.conns[c] = true
-	}
-	return true
-}
-
-func (x *TLSProxy) serve() {
-	defer x.wg.Done()
-	for {
-		in, err := x.ln.Accept()
-		if err != nil {
-			return
-		}
-		out, err := net.DialTimeout("tcp", x.target, 5*time.Second)
-		if err != nil {
-			in.Close()
-			continue
-		}
-		if !x.track(in, out) {
-			in.Close()
-			out.Close()
-			return
-		}
-		x.wg.Add(2)
-		for _, pair := range [][2]net.Conn{{out, in}, {in, out}} {
-			go func(dst, src net.Conn) {
-				defer x.wg.Done()
-				_, _ = io.Copy(dst, src) // a failed handshake ends here, on src's first read
-				dst.Close()
-				src.Close()
-			}(pair[0], pair[1])
-		}
-	}
-}
