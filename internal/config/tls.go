@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/relay"
 	"github.com/idemhq/idem/internal/tlscheck"
 )
@@ -100,12 +99,7 @@ func (c Config) tlsWarnings() []string {
 			w = append(w, s)
 		}
 	}
-	for _, u := range broker.SplitURLs(c.AMQPURL) {
-		if s := tlscheck.AMQP("amqp_url", u); s != "" {
-			add(s)
-			break
-		}
-	}
+	add(tlscheck.AMQP("amqp_url", c.AMQPURL))
 	if c.Redis.Enabled {
 		if o, err := parseRedisURL(c.Redis.Mode, c.RedisURL); err == nil {
 			t, _ := c.redisTLS(urlTLS(o)) // validated

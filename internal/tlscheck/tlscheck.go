@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemhq/idem/internal/broker"
 )
 
 // Loopback reports whether host (a name, an IP address, or a Unix socket's
@@ -91,14 +93,17 @@ func local(c *pgconn.Config) bool {
 	return true
 }
 
-// AMQP returns a warning for an amqp:// URL to a host off this machine, or
-// "". A URL that does not parse is Validate's to refuse.
-func AMQP(setting, rawURL string) string {
-	u, err := amqp.ParseURI(rawURL)
-	if err != nil || u.Scheme == "amqps" || Loopback(u.Host) {
-		return ""
+// AMQP returns a warning, once, if any of the comma-separated node URLs
+// is amqp:// to a host off this machine, or "". A URL that does not parse
+// is Validate's to refuse.
+func AMQP(setting, urls string) string {
+	for _, raw := range broker.SplitURLs(urls) {
+		u, err := amqp.ParseURI(raw)
+		if err == nil && u.Scheme != "amqps" && !Loopback(u.Host) {
+			return setting + ": amqp:// is plaintext; use amqps://"
+		}
 	}
-	return setting + ": amqp:// is plaintext; use amqps://"
+	return ""
 }
 
 // Redis returns a warning for a client with no TLS to a host off this

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/tlscheck"
 )
 
@@ -26,17 +25,9 @@ func (s *Service[T]) warnLinks() {
 		}
 		add(tlscheck.Postgres(setting, &p.Config().ConnConfig.Config))
 	}
-	amqpWarning := func(setting, urls string) {
-		for _, u := range broker.SplitURLs(urls) {
-			if msg := tlscheck.AMQP(setting, u); msg != "" {
-				add(msg)
-				return
-			}
-		}
-	}
-	amqpWarning("Consumer.URL", s.cfg.Consumer.URL)
+	add(tlscheck.AMQP("Consumer.URL", s.cfg.Consumer.URL))
 	if s.relay != nil && s.cfg.Outbox.AMQPURL != "" && s.cfg.Outbox.AMQPURL != s.cfg.Consumer.URL {
-		amqpWarning("Outbox.AMQPURL", s.cfg.Outbox.AMQPURL)
+		add(tlscheck.AMQP("Outbox.AMQPURL", s.cfg.Outbox.AMQPURL))
 	}
 	if s.rdb != nil {
 		setting := "Redis"
