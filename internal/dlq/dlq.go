@@ -95,18 +95,27 @@ func (m Message) Truncated() bool {
 	return !m.ByBroker && (m.Reason == wire.ReasonBodyTooLarge || m.BodyBytes > int64(len(m.D.Body)))
 }
 
+// byBroker reports whether the broker dead-lettered a message with headers
+// h: it carries x-death, which a consumer's dead letters and a walk's
+// fences never do.
+func byBroker(h amqp.Table) bool {
+	_, ok := h["x-death"]
+	return ok
+}
+
 // Parse reads a dead letter's headers (see Message for which it believes).
 func Parse(d amqp.Delivery) Message {
 	m := Message{D: d, EventID: d.MessageId}
 	h := d.Headers
-	if deaths, ok := h["x-death"].([]any); ok && len(deaths) > 0 {
-		// The broker's: it puts its latest dead-lettering first, with
-		// this queue and reason, whatever x-death the producer sent.
-		m.ByBroker = true
-		if death, ok := deaths[0].(amqp.Table); ok {
-			m.Reason, _ = death["reason"].(string)
-			m.Queue, _ = death["queue"].(string)
-			m.DeadLetteredAt, _ = death["time"].(time.Time)
+	if m.ByBroker = byBroker(h); m.ByBroker {
+		// The broker puts its latest dead-lettering first, with this
+		// queue and reason, whatever x-death the producer sent.
+		if deaths, ok := h["x-death"].([]any); ok && len(deaths) > 0 {
+			if death, ok := deaths[0].(amqp.Table); ok {
+				m.Reason, _ = death["reason"].(string)
+				m.Queue, _ = death["queue"].(string)
+				m.DeadLetteredAt, _ = death["time"].(time.Time)
+			}
 		}
 		if m.Reason == "delivery_limit" {
 			m.Reason = wire.ReasonDeliveryLimit
@@ -248,7 +257,7 @@ func fenceOf(d amqp.Delivery) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	if _, dead := d.Headers["x-death"]; dead {
+	if byBroker(d.Headers) {
 		return "", false
 	}
 	if owner, named := d.Headers[HeaderFenceOwner]; named {
