@@ -99,6 +99,14 @@ func Apply(ctx context.Context, db Conn) ([]Migration, error) { return ApplySet(
 // database where every migration of set is recorded it writes nothing and
 // creates nothing, so a role with no CREATE privilege may call it.
 func ApplySet(ctx context.Context, db Conn, set Set) ([]Migration, error) {
+	ran, err := applySet(ctx, db, set)
+	if pgerr.SQLState(err) == pgerr.InsufficientPrivilege {
+		err = fmt.Errorf("%w: %s", err, needsMigrator)
+	}
+	return ran, err
+}
+
+func applySet(ctx context.Context, db Conn, set Set) ([]Migration, error) {
 	all, err := set.All()
 	if err != nil {
 		return nil, err
@@ -131,9 +139,6 @@ func ApplySet(ctx context.Context, db Conn, set Set) ([]Migration, error) {
 			version    int         PRIMARY KEY,
 			name       text        NOT NULL,
 			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-			if pgerr.SQLState(err) == "42501" {
-				return nil, fmt.Errorf("migrate: create %s: %w: %s", set.Ledger, err, needsMigrator)
-			}
 			return nil, fmt.Errorf("migrate: create %s: %w", set.Ledger, err)
 		}
 	}
@@ -147,9 +152,6 @@ func ApplySet(ctx context.Context, db Conn, set Set) ([]Migration, error) {
 			continue
 		}
 		if _, err := tx.Exec(ctx, m.SQL); err != nil {
-			if pgerr.SQLState(err) == "42501" { // insufficient_privilege
-				return nil, fmt.Errorf("migrate: %04d_%s: %w: %s", m.Version, m.Name, err, needsMigrator)
-			}
 			return nil, fmt.Errorf("migrate: %04d_%s: %w", m.Version, m.Name, err)
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {

@@ -67,6 +67,10 @@ func IsTransient(err error) bool {
 // exist.
 const UndefinedTable = "42P01"
 
+// InsufficientPrivilege is the SQLSTATE of a statement the role may not
+// run (CREATE on a schema it lacks the privilege on, say).
+const InsufficientPrivilege = "42501"
+
 // LockNotAvailable is the SQLSTATE of a statement that waited
 // lock_timeout for a lock another session holds.
 const LockNotAvailable = "55P03"
