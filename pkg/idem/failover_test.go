@@ -300,18 +300,7 @@ func publishPaced(amqpURL, queue string, ids []string, gate *sync.Mutex) error {
 		<-pace.C
 		gate.Lock()
 		gate.Unlock() //nolint:staticcheck // a wait while the fault holds it
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		var err error
-		// A nack means the broker did not take it: sent again.
-		for acked := false; !acked && err == nil; {
-			var c *amqp.DeferredConfirmation
-			if c, err = ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false,
-				amqp.Publishing{MessageId: id, Body: []byte(id), Timestamp: time.Now()}); err == nil {
-				acked, err = c.WaitContext(ctx)
-			}
-		}
-		cancel()
-		if err != nil {
+		if err := publishID(ch, queue, id); err != nil {
 			return fmt.Errorf("publish %s: %w", id, err)
 		}
 	}

@@ -171,17 +171,26 @@ func publisher(t *testing.T, amqpURL, queue string) func(ids ...string) {
 	return func(ids ...string) {
 		t.Helper()
 		for _, id := range ids {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			// A nack (a quorum queue busy on a loaded machine) means the
-			// broker did not take it: a producer sends it again.
-			for acked := false; !acked; {
-				c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false,
-					amqp.Publishing{MessageId: id, Body: []byte(id), Timestamp: time.Now()})
-				require.NoError(t, err)
-				acked, err = c.WaitContext(ctx)
-				require.NoError(t, err, "the broker's confirm of %s", id)
-			}
-			cancel()
+			require.NoError(t, publishID(ch, queue, id), "the broker's confirm of %s", id)
+		}
+	}
+}
+
+// publishID publishes one message to queue on ch, a channel in confirm
+// mode, id its message ID and body, within ten seconds. A nack (a quorum
+// queue busy on a loaded machine) means the broker did not take it: it is
+// sent again, as a producer does.
+func publishID(ch *amqp.Channel, queue, id string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false,
+			amqp.Publishing{MessageId: id, Body: []byte(id), Timestamp: time.Now()})
+		if err != nil {
+			return err
+		}
+		if acked, err := c.WaitContext(ctx); acked || err != nil {
+			return err
 		}
 	}
 }
