@@ -33,9 +33,16 @@ chaos: services build
 lab: services build
 	./bin/idem-lab lab --events 10000 --json lab.json
 
-## bench: every consumer configuration against a raw consume+ack baseline in one run (docs/performance.md)
+# BASELINE is the git revision `make bench` judges the work tree against:
+# HEAD, the last commit, by default; e.g. `make bench BASELINE=ca5bcd9`.
+BASELINE ?= HEAD
+# PG_LATENCY is the round trip of the bench's "Postgres N ms away" rows.
+PG_LATENCY ?= 1ms
+
+## bench: every consumer configuration against a raw consume+ack baseline, and against the build of BASELINE (default HEAD), in one run (docs/performance.md)
 bench: services build
-	./bin/idem-lab bench --json bench.json --svg docs/performance.svg $(BENCH_FLAGS)
+	GO=$(GO) bash .ci/build-baseline.sh $(BASELINE) bin/idem-lab-baseline
+	./bin/idem-lab bench --baseline-bin bin/idem-lab-baseline --pg-latency $(PG_LATENCY) --json bench.json --svg docs/performance.svg $(BENCH_FLAGS)
 
 ## scale: the measurements docs/scale.md is built from (row and marker sizes, CPU per tier), then idem chaos --cluster for 3 minutes
 scale: services build

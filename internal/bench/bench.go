@@ -28,11 +28,9 @@ import (
 	"github.com/idemhq/idem/internal/fleet"
 	"github.com/idemhq/idem/internal/loadgen"
 	"github.com/idemhq/idem/internal/payments"
+	"github.com/idemhq/idem/internal/roundtrip"
 	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/verify"
-	"github.com/idemhq/idem/pkg/guard"
-	"github.com/idemhq/idem/pkg/guard/pgtier"
-	"github.com/idemhq/idem/pkg/guard/redistier"
 )
 
 // Options describe a bench run.
@@ -49,6 +47,14 @@ type Options struct {
 	Rate        float64 // offered rate of the latency row, messages/s
 	LatencyFor  time.Duration
 	Only        []string // row names to run (all if empty)
+	// PGLatency is the round trip that the remote rows put between their
+	// workers and PostgreSQL, a whole number of milliseconds; 0 leaves the
+	// remote rows out.
+	PGLatency time.Duration
+	// BaselineBin, if set, is an idem-lab built from an earlier commit:
+	// every idem row also runs with its bench-workers, right after the
+	// same row with Bin's, in every run.
+	BaselineBin string
 	// Profile writes a CPU profile of every worker into Dir.
 	Profile  bool
 	Seed     uint64
@@ -67,16 +73,41 @@ func (o *Options) validate() error {
 		return fmt.Errorf("bench: --rate must be positive and --latency-for at least 1s")
 	case o.Prefill < 0:
 		return fmt.Errorf("bench: --prefill must not be negative")
+	case o.PGLatency < 0 || o.PGLatency%time.Millisecond != 0:
+		return fmt.Errorf("bench: --pg-latency must be a whole number of milliseconds (toxiproxy's unit), got %s", o.PGLatency)
+	}
+	if o.BaselineBin != "" {
+		fi, err := os.Stat(o.BaselineBin)
+		if err != nil {
+			return fmt.Errorf("bench: --baseline-bin: %w", err)
+		}
+		if fi.IsDir() || fi.Mode()&0o111 == 0 {
+			return fmt.Errorf("bench: --baseline-bin %s is not an executable file", o.BaselineBin)
+		}
 	}
 	return nil
 }
+
+// BuildBaseline is Result.Build of the rows run with Options.BaselineBin's
+// workers.
+const BuildBaseline = "baseline"
+
+// series is one row run with the workers of one build.
+type series struct {
+	row   Row
+	bin   string
+	build string // "" for this build, BuildBaseline
+	runs  []runResult
+}
+
+func (s *series) label() string { return label(s.row.Name, s.build) }
 
 // Run runs the rows and returns one Result per row.
 func Run(ctx context.Context, o Options) ([]Result, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	rows := Rows()
+	rows := Rows(o.PGLatency)
 	if len(o.Only) > 0 {
 		rows = slices.DeleteFunc(rows, func(r Row) bool { return !slices.Contains(o.Only, r.Name) })
 		if len(rows) == 0 {
@@ -89,6 +120,13 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	}
 	defer admin.Close(context.WithoutCancel(ctx))
 	b := &bencher{o: o, admin: admin}
+	if slices.ContainsFunc(rows, func(r Row) bool { return r.PGLatency > 0 }) {
+		faults := sandbox.StartFaults()
+		defer faults.Close()
+		if b.remoteURL, err = b.remotePostgres(ctx, faults); err != nil {
+			return nil, err
+		}
+	}
 	// Each run makes and drops a schema; without autovacuum the catalogs
 	// they leave dead rows in slow every later run down.
 	b.vacuumCatalogs(ctx)
@@ -97,33 +135,90 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 			return nil, err
 		}
 	}
-	// Runs go round the rows, so that a slow spell of the machine (a
-	// checkpoint, say) lands on every row alike rather than on one.
-	runs := make([][]runResult, len(rows))
-	for run := range o.Runs {
-		for i, row := range rows {
-			b.progress("[run %d/%d, row %d/%d] %s", run+1, o.Runs, i+1, len(rows), row.Name)
-			r, err := b.runRow(ctx, row, run)
-			if err != nil {
-				return nil, fmt.Errorf("bench: %s: %w", row.Name, err)
-			}
-			b.progress("    %.0f msg/s, %.0f µs CPU/msg, %.3f Postgres and %.3f Redis round trips/msg", r.Rate, r.CPU.Total(), r.PGTrips, r.RedisTrips)
-			runs[i] = append(runs[i], r)
+	// The baseline's idem rows run right after the same row with ours, on
+	// the same stream, so that the two builds alternate row by row and
+	// share whatever the machine does meanwhile. The raw rows run once: a
+	// consume-and-ack loop is the machine's ceiling, not the build's.
+	var all []*series
+	for _, row := range rows {
+		all = append(all, &series{row: row, bin: o.Bin})
+		if o.BaselineBin != "" && row.Mode == "idem" {
+			all = append(all, &series{row: row, bin: o.BaselineBin, build: BuildBaseline})
 		}
 	}
-	results := make([]Result, len(rows))
-	for i, row := range rows {
-		results[i] = summarize(row, runs[i])
+	// Runs go round the rows, so that a slow spell of the machine (a
+	// checkpoint, say) lands on every row alike rather than on one.
+	for run := range o.Runs {
+		for i, s := range all {
+			b.progress("[run %d/%d, row %d/%d] %s", run+1, o.Runs, i+1, len(all), s.label())
+			r, err := b.runRow(ctx, s.row, s.bin, run)
+			if err != nil {
+				return nil, fmt.Errorf("bench: %s: %w", s.label(), err)
+			}
+			b.progress("    %.0f msg/s, %.0f µs CPU/msg, %.3f Postgres and %.3f Redis round trips/msg", r.Rate, r.CPU.Total(), r.PGTrips, r.RedisTrips)
+			s.runs = append(s.runs, r)
+		}
+	}
+	results := make([]Result, len(all))
+	for i, s := range all {
+		results[i] = summarize(s.row, s.runs)
+		results[i].Build = s.build
 	}
 	ratios(results)
 	return results, nil
 }
 
+// remotePostgres puts a link with Options.PGLatency of round trip in front
+// of the configured PostgreSQL and returns the URL that reaches it through
+// the link. It checks that a round trip through the link takes at least
+// that long, and says how long it takes beside a direct one.
+func (b *bencher) remotePostgres(ctx context.Context, faults *sandbox.Faults) (string, error) {
+	link, u, err := faults.LinkURL("bench-pg", b.o.DatabaseURL)
+	if err != nil {
+		return "", fmt.Errorf("bench: --pg-latency: %w", err)
+	}
+	if err := link.LatencyOneWay(b.o.PGLatency); err != nil {
+		return "", fmt.Errorf("bench: --pg-latency: %w", err)
+	}
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		return "", fmt.Errorf("bench: connect to postgres through the --pg-latency link: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	via, err := fastestTrip(ctx, conn)
+	if err != nil {
+		return "", err
+	}
+	direct, err := fastestTrip(ctx, b.admin)
+	if err != nil {
+		return "", err
+	}
+	if via < b.o.PGLatency {
+		return "", fmt.Errorf("bench: a round trip through the --pg-latency link took %s, less than %s", via, b.o.PGLatency)
+	}
+	b.progress("Postgres %s away: a SELECT 1 takes %s through the link, %s direct", b.o.PGLatency, via.Round(10*time.Microsecond), direct.Round(10*time.Microsecond))
+	return u, nil
+}
+
+// fastestTrip is the fastest of ten SELECT 1 round trips on conn.
+func fastestTrip(ctx context.Context, conn *pgx.Conn) (time.Duration, error) {
+	best := time.Duration(math.MaxInt64)
+	for range 10 {
+		began := time.Now()
+		if _, err := conn.Exec(ctx, "SELECT 1"); err != nil {
+			return 0, fmt.Errorf("bench: time a round trip: %w", err)
+		}
+		best = min(best, time.Since(began))
+	}
+	return best, nil
+}
+
 type bencher struct {
-	o      Options
-	admin  *pgx.Conn // schemas, checkpoints, vacuum: one connection for the whole run
-	seq    int
-	schema string // the pre-filled schema, once made
+	o         Options
+	admin     *pgx.Conn // schemas, checkpoints, vacuum: one connection for the whole run
+	seq       int
+	schema    string // the pre-filled schema, once made
+	remoteURL string // the configured database through the --pg-latency link
 }
 
 func (b *bencher) progress(format string, args ...any) {
@@ -137,6 +232,7 @@ type runResult struct {
 	Rate        float64 // messages per second
 	CPU         CPU     // µs per message
 	PGTrips     float64 // Postgres round trips per message
+	PGCauses    map[roundtrip.Cause]CauseCost
 	RedisTrips  float64 // Redis round trips per message
 	RSS         int64   // the largest consumer peak RSS, bytes
 	Errors      int64   // requeues and dead letters
@@ -160,15 +256,16 @@ type CPU struct {
 func (c CPU) Total() float64 { return c.Consumer + c.Postgres + c.RabbitMQ + c.Redis }
 
 // runRow sets up a fresh queue, schema and Redis prefix, runs the row's
-// workers over its stream, measures, verifies and cleans up.
-func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, error) {
+// workers (bin's bench-worker) over its stream, measures, verifies and
+// cleans up.
+func (b *bencher) runRow(ctx context.Context, row Row, bin string, run int) (runResult, error) {
 	b.seq++
 	name := fmt.Sprintf("b%d%04x", b.seq, rand.Uint32()&0xffff)
 	queue := "idem.bench." + name
 	topo := broker.TopologyFor(queue, 0)
 	defer deleteQueue(b.o.AMQPURL, topo)
 
-	dbURL, pool, dropDB, err := b.rowDatabase(ctx, row, name)
+	urls, pool, dropDB, err := b.rowDatabase(ctx, row, name)
 	if err != nil {
 		return runResult{}, err
 	}
@@ -185,21 +282,19 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 		return runResult{}, err
 	}
 	redisOn := row.Mode == "idem" && !row.RedisDown && !slices.Contains(row.Env, redisOff)
+	pub := loadgen.PublishOptions{URL: b.o.AMQPURL, Topology: topo, ConnectionName: "idem-bench-publish"}
 	if row.Dups == 1 && row.Mode == "idem" {
-		// Every message is a re-send: process the stream once first, as
-		// the workers would have.
-		if err := processOnce(ctx, pool, rdb, name, redisOn, stream.Events); err != nil {
-			return runResult{}, err
+		if err := b.processOnce(ctx, bin, row, b.workerEnv(row, urls.direct, queue, name), name, pub, stream); err != nil {
+			return runResult{}, fmt.Errorf("process the stream once: %w", err)
 		}
 	}
-	pub := loadgen.PublishOptions{URL: b.o.AMQPURL, Topology: topo, ConnectionName: "idem-bench-publish"}
 	if !row.Latency {
 		if err := loadgen.Publish(ctx, pub, stream); err != nil {
 			return runResult{}, err
 		}
 	}
 
-	workers, err := startWorkers(b.o.Bin, b.o.Dir, name, row, b.workerEnv(row, dbURL, queue, name), b.o.Profile)
+	workers, err := startWorkers(bin, b.o.Dir, name, row, b.workerEnv(row, urls.workers, queue, name), b.o.Profile)
 	if err != nil {
 		return runResult{}, err
 	}
@@ -259,10 +354,17 @@ func (b *bencher) runRow(ctx context.Context, row Row, run int) (runResult, erro
 	return r, nil
 }
 
-// rowDatabase returns the URL of the row's schema (a fresh one, or the
-// prefilled one), a pool on it for the set-up and the verification (nil for
-// a raw row), and a func that closes the pool and drops a fresh schema.
-func (b *bencher) rowDatabase(ctx context.Context, row Row, name string) (string, *pgxpool.Pool, func(), error) {
+// rowURLs are the URLs of a row's schema.
+type rowURLs struct {
+	workers string // through the --pg-latency link for a remote row
+	direct  string
+}
+
+// rowDatabase returns the URLs of the row's schema (a fresh one, or the
+// prefilled one), a pool on it for the verification, which connects direct
+// (nil for a raw row), and a func that closes the pool and drops a fresh
+// schema.
+func (b *bencher) rowDatabase(ctx context.Context, row Row, name string) (rowURLs, *pgxpool.Pool, func(), error) {
 	schema := name
 	var cleanups []func()
 	done := func() {
@@ -274,20 +376,24 @@ func (b *bencher) rowDatabase(ctx context.Context, row Row, name string) (string
 		schema = b.schema
 	} else if row.Mode == "idem" {
 		if err := b.createSchema(ctx, schema); err != nil {
-			return "", nil, done, err
+			return rowURLs{}, nil, done, err
 		}
 		cleanups = append(cleanups, func() { b.dropSchema(schema) })
 	}
-	dbURL := sandbox.WithParam(b.o.DatabaseURL, "search_path", schema)
-	if row.Mode != "idem" {
-		return dbURL, nil, done, nil
+	urls := rowURLs{workers: b.o.DatabaseURL, direct: sandbox.WithParam(b.o.DatabaseURL, "search_path", schema)}
+	if row.PGLatency > 0 {
+		urls.workers = b.remoteURL
 	}
-	pool, err := pgxpool.New(ctx, dbURL)
+	urls.workers = sandbox.WithParam(urls.workers, "search_path", schema)
+	if row.Mode != "idem" {
+		return urls, nil, done, nil
+	}
+	pool, err := pgxpool.New(ctx, urls.direct)
 	if err != nil {
-		return "", nil, done, err
+		return rowURLs{}, nil, done, err
 	}
 	cleanups = append(cleanups, pool.Close)
-	return dbURL, pool, done, nil
+	return urls, pool, done, nil
 }
 
 // workerEnv is the environment of a row's workers.
@@ -309,7 +415,11 @@ func sumRun(stats []WorkerStats, start time.Time, messages int64, cpu map[Tier]f
 	var r runResult
 	var last, pgTrips, redisTrips int64
 	var lat []int64
+	causes := map[roundtrip.Cause]roundtrip.Cost{}
 	for _, s := range stats {
+		for c, n := range s.PGCauses {
+			causes[c] = roundtrip.Cost{Trips: causes[c].Trips + n.Trips, WaitMicros: causes[c].WaitMicros + n.WaitMicros}
+		}
 		last = max(last, s.Last)
 		for o, n := range s.Outcomes {
 			if r.Outcomes == nil {
@@ -329,6 +439,12 @@ func sumRun(stats []WorkerStats, start time.Time, messages int64, cpu map[Tier]f
 	r.CPU = CPU{Consumer: cpu[TierConsumer] * per, Postgres: cpu[TierPostgres] * per, RabbitMQ: cpu[TierRabbitMQ] * per, Redis: cpu[TierRedis] * per}
 	r.PGTrips = float64(pgTrips) / float64(messages)
 	r.RedisTrips = float64(redisTrips) / float64(messages)
+	for c, n := range causes {
+		if r.PGCauses == nil {
+			r.PGCauses = map[roundtrip.Cause]CauseCost{}
+		}
+		r.PGCauses[c] = CauseCost{Trips: float64(n.Trips) / float64(messages), WaitMicros: float64(n.WaitMicros) / float64(messages)}
+	}
 	if latency {
 		r.P50, r.P99 = percentile(lat, 0.50), percentile(lat, 0.99)
 	}
@@ -351,38 +467,29 @@ func (b *bencher) stream(row Row, run int, name string) (loadgen.StreamSpec, loa
 	return spec, s, err
 }
 
-// processOnce runs events through the guard and the payments handler, as a
-// consumer would have, so that the row's messages are all duplicates.
-func processOnce(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, prefix string, redisOn bool, events []payments.Event) error {
-	gcfg := guard.Config{Scope: "payments", Store: pgtier.New(pool)}
-	if redisOn {
-		f, err := redistier.New(rdb, redistier.Config{Prefix: prefix, Timeout: 5 * time.Second})
-		if err != nil {
-			return err
-		}
-		gcfg.Fast = f
+// processOnce publishes the stream and has a set of the row's workers
+// (bin's, env's) settle it, so that the row's messages are all duplicates:
+// the stream has been processed once, as those workers would have. They
+// are the row's build's, so that what they leave behind (dedup rows, done
+// markers) is in that build's format: a baseline's Redis tier need not
+// read this build's markers. env should connect direct.
+func (b *bencher) processOnce(ctx context.Context, bin string, row Row, env []string, name string, pub loadgen.PublishOptions, stream loadgen.Stream) error {
+	if err := loadgen.Publish(ctx, pub, stream); err != nil {
+		return err
 	}
-	g, err := guard.New(gcfg)
+	ws, err := startWorkers(bin, b.o.Dir, name+"-once", row, env, false)
+	defer ws.kill()
 	if err != nil {
 		return err
 	}
-	for chunk := range slices.Chunk(events, 500) {
-		evs := make([]guard.Event, len(chunk))
-		for i, ev := range chunk {
-			evs[i] = guard.Event{ID: ev.EventID, Hash: ev.Hash()}
-		}
-		_, err := g.ProcessBatch(ctx, evs, func(ctx context.Context, tx pgx.Tx, claimed []int) error {
-			vs := make([]payments.Event, len(claimed))
-			for k, i := range claimed {
-				vs[k] = chunk[i]
-			}
-			return payments.Handler{}.ApplyBatch(ctx, tx, vs)
-		})
-		if err != nil {
-			return fmt.Errorf("process the stream once: %w", err)
-		}
+	if err := ws.start(); err != nil {
+		return err
 	}
-	return g.Flush(ctx)
+	if err := ws.waitSettled(ctx, int64(len(stream.Order)), 5*time.Minute); err != nil {
+		return err
+	}
+	_, err = ws.stop()
+	return err
 }
 
 // prefill makes the schema of the pre-filled row: idem's tables with

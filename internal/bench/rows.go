@@ -1,5 +1,10 @@
 package bench
 
+import (
+	"fmt"
+	"time"
+)
+
 // Row is one configuration the bench measures.
 type Row struct {
 	Name string `json:"name"`
@@ -19,6 +24,10 @@ type Row struct {
 	// Latency publishes at Options.Rate while the workers consume, and
 	// measures publish-to-ack latency, instead of draining a backlog.
 	Latency bool `json:"latency,omitempty"`
+	// PGLatency puts PostgreSQL this far from the workers, round trip:
+	// their DATABASE_URL goes through a proxy that delays every reply
+	// (Options.PGLatency; nanoseconds in JSON).
+	PGLatency time.Duration `json:"pgLatency,omitempty"`
 	// Baseline names the row this one's throughput is compared with.
 	Baseline string `json:"baseline"`
 }
@@ -35,8 +44,9 @@ func with(env []string, more ...string) []string {
 	return append(append([]string{}, env...), more...)
 }
 
-// Rows lists every row, in the order they run and print.
-func Rows() []Row {
+// Rows lists every row, in the order they run and print; with pgLatency
+// above zero, the remote rows end the list.
+func Rows(pgLatency time.Duration) []Row {
 	var rows []Row
 	for _, d := range []struct {
 		pct  string
@@ -51,11 +61,33 @@ func Rows() []Row {
 			Row{Name: "batched, Redis off, " + d.pct, Mode: "idem", Env: with(batched, redisOff), Dups: d.dups, Procs: 1, Baseline: raw},
 		)
 	}
-	return append(rows,
+	rows = append(rows,
 		Row{Name: "batched, Redis down, 25%", Mode: "idem", Env: batched, Dups: 0.25, Procs: 1, RedisDown: true, Baseline: "raw 25%"},
 		Row{Name: "batched, key order, 25%", Mode: "idem", Env: with(batched, "IDEM_CONSUMER_KEY_ORDER=true"), Dups: 0.25, Procs: 1, Baseline: "batched, Redis on, 25%"},
 		Row{Name: "batched, 2 processes, 25%", Mode: "idem", Env: batched, Dups: 0.25, Procs: 2, Baseline: "batched, Redis on, 25%"},
 		Row{Name: "batched, 10M-row table, 25%", Mode: "idem", Env: batched, Dups: 0.25, Procs: 1, Prefilled: true, Baseline: "batched, Redis on, 25%"},
 		Row{Name: "batched, latency at fixed rate, 25%", Mode: "idem", Env: batched, Dups: 0.25, Procs: 1, Latency: true, Baseline: "raw 25%"},
 	)
+	if pgLatency <= 0 {
+		return rows
+	}
+	// Each remote row is compared with the same row beside Postgres: the
+	// ratio is what the hop costs.
+	away := fmt.Sprintf(", Postgres %d ms away", pgLatency.Milliseconds())
+	for _, p := range []struct {
+		name string
+		env  []string
+	}{{"per-event", perEvent}, {"batched", batched}} {
+		for _, d := range []struct {
+			pct  string
+			dups float64
+		}{{"25%", 0.25}, {"100%", 1}} {
+			on, off := p.name+", Redis on, "+d.pct, p.name+", Redis off, "+d.pct
+			rows = append(rows,
+				Row{Name: on + away, Mode: "idem", Env: p.env, Dups: d.dups, Procs: 1, PGLatency: pgLatency, Baseline: on},
+				Row{Name: off + away, Mode: "idem", Env: with(p.env, redisOff), Dups: d.dups, Procs: 1, PGLatency: pgLatency, Baseline: off},
+			)
+		}
+	}
+	return rows
 }

@@ -35,6 +35,9 @@ type WorkerStats struct {
 	RedisTrips int64 `json:"redisTrips"`
 	Breaker    int64 `json:"breakerTransitions"`
 	Last       int64 `json:"last"` // unix nanoseconds of the last settlement
+	// PGCauses splits PGTrips by cause, with the time waited on them. A
+	// worker of an earlier build writes none.
+	PGCauses map[roundtrip.Cause]roundtrip.Cost `json:"pgCauses,omitempty"`
 	// Outcomes counts settlements by outcome.
 	Outcomes map[string]int64 `json:"outcomes,omitempty"`
 	// LatencyMicros holds publish-to-ack latencies of stamped messages, in
@@ -45,7 +48,8 @@ type WorkerStats struct {
 // Recorder counts a worker's settlements and round trips. It is safe for
 // concurrent use.
 type Recorder struct {
-	settled, retried, dead, pg, redis, breaker, last atomic.Int64
+	settled, retried, dead, redis, breaker, last atomic.Int64
+	pg                                           roundtrip.ByCause
 
 	mu        sync.Mutex
 	latencies []int64
@@ -99,7 +103,8 @@ func (r *Recorder) AddBreaker(snapshot map[string]int64) {
 // Snapshot returns the counts; with final, the latencies too.
 func (r *Recorder) Snapshot(final bool) WorkerStats {
 	s := WorkerStats{Settled: r.settled.Load(), Retried: r.retried.Load(), DeadLetter: r.dead.Load(),
-		PGTrips: r.pg.Load(), RedisTrips: r.redis.Load(), Breaker: r.breaker.Load(), Last: r.last.Load()}
+		PGTrips: r.pg.Total(), RedisTrips: r.redis.Load(), Breaker: r.breaker.Load(), Last: r.last.Load(),
+		PGCauses: r.pg.Snapshot()}
 	r.mu.Lock()
 	s.Outcomes = maps.Clone(r.outcomes)
 	if final {
@@ -109,8 +114,8 @@ func (r *Recorder) Snapshot(final bool) WorkerStats {
 	return s
 }
 
-// PGTracer counts Postgres round trips.
-func (r *Recorder) PGTracer() pgx.QueryTracer { return roundtrip.Postgres(&r.pg) }
+// PGTracer counts Postgres round trips and times them, by cause.
+func (r *Recorder) PGTracer() pgx.QueryTracer { return r.pg.Tracer() }
 
 // RedisHook counts Redis round trips.
 func (r *Recorder) RedisHook() redis.Hook { return roundtrip.Redis(&r.redis) }

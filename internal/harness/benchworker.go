@@ -16,8 +16,10 @@ import (
 )
 
 func runBenchWorker(ctx context.Context, e *cli.Env, args []string) error {
-	fs := cli.NewFlags(e, "bench-worker", "One consumer process of 'idem-lab bench', which starts it: it sets up, prints\n\"ready\", waits for a line on stdin, then consumes until SIGTERM, counting\nin --stats-file. --mode raw only acks; --mode idem runs the consumer as\n'idem consume' does, configured by the IDEM_* environment.")
-	mode := fs.String("mode", "idem", "raw or idem")
+	fs := cli.NewFlags(e, "bench-worker", "One consumer process of 'idem-lab bench', which starts it: it sets up, prints\n\"ready\", waits for a line on stdin, then consumes until SIGTERM, counting\nin --stats-file. --mode raw only acks; --mode idem runs the consumer as\n'idem consume' does, configured by the IDEM_* environment. --mode\nconfirm-publish is the outbox rows' raw confirming publisher instead: it\npublishes --messages to IDEM_QUEUE, --in-flight at a time, then waits.")
+	mode := fs.String("mode", "idem", "raw, idem or confirm-publish")
+	messages := fs.Int("messages", 0, "with --mode confirm-publish, how many messages to publish")
+	inFlight := fs.Int("in-flight", 0, "with --mode confirm-publish, how many publishes await their confirms at a time")
 	name := fs.String("name", "idem-bench", "RabbitMQ connection `name`")
 	statsFile := fs.String("stats-file", "", "write counts as JSON to this `file`")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the measured part to this `file`")
@@ -45,8 +47,16 @@ func runBenchWorker(ctx context.Context, e *cli.Env, args []string) error {
 			return bench.RunRaw(ctx, cfg.AMQPURL, cfg.Queue, cfg.Consumer.Prefetch, rec)
 		})
 	}
+	if *mode == "confirm-publish" {
+		if *messages < 1 || *inFlight < 1 {
+			return cli.UsageErr(e, "idem-lab bench-worker: --mode confirm-publish needs --messages and --in-flight of at least 1")
+		}
+		return bench.Serve(ctx, *statsFile, rec, os.Stdin, e.Stdout, func(ctx context.Context) error {
+			return bench.RunConfirmPublisher(ctx, cfg.AMQPURL, cfg.Queue, *messages, *inFlight, rec)
+		})
+	}
 	if *mode != "idem" {
-		return cli.UsageErr(e, "idem-lab bench-worker: --mode %q: want raw or idem", *mode)
+		return cli.UsageErr(e, "idem-lab bench-worker: --mode %q: want raw, idem or confirm-publish", *mode)
 	}
 	pool, err := cli.OpenPool(ctx, cfg, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = rec.PGTracer() })
 	if err != nil {

@@ -1,6 +1,7 @@
 // Package roundtrip counts round trips to Postgres and Redis, for the
 // measurements of idem-lab lab and idem-lab bench: a pgx tracer and a go-redis hook
-// that add one to a counter per trip.
+// that add one to a counter per trip, and a pgx tracer that also times each
+// trip and files it under its cause (ByCause).
 package roundtrip
 
 import (

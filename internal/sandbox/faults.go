@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -57,6 +58,25 @@ func (f *Faults) Link(name, upstream string) (*Link, error) {
 	return l, nil
 }
 
+// LinkURL starts a link named name in front of the host:port that rawURL
+// (a postgres://, redis:// or amqp:// URL naming its port) names, and
+// returns it with rawURL pointed at the link.
+func (f *Faults) LinkURL(name, rawURL string) (*Link, string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, "", fmt.Errorf("sandbox: faults: link %s: %w", name, err)
+	}
+	if u.Port() == "" {
+		return nil, "", fmt.Errorf("sandbox: faults: link %s: %s names no port", name, u.Redacted())
+	}
+	l, err := f.Link(name, u.Host)
+	if err != nil {
+		return nil, "", err
+	}
+	u.Host = l.Addr()
+	return l, u.String(), nil
+}
+
 // Close stops every link.
 func (f *Faults) Close() {
 	_ = f.srv.Collection.Clear()
@@ -93,6 +113,21 @@ func (l *Link) Reset() error {
 // Latency delays every chunk by d (± jitter), both ways.
 func (l *Link) Latency(d, jitter time.Duration) error {
 	return l.add("latency", fmt.Sprintf(`{"latency": %d, "jitter": %d}`, d.Milliseconds(), jitter.Milliseconds()))
+}
+
+// LatencyOneWay delays every chunk from the service to the client by d, a
+// whole number of milliseconds (toxiproxy's unit), so that each round trip
+// takes d longer: a service d away, round trip. In toxiproxy v2.5.0 each
+// chunk is stamped when the proxy reads it (stream.ChanWriter.Write) and
+// the latency toxic sleeps until that stamp plus d (latency.go: sleep :=
+// delay - time.Since(c.Timestamp)), not d after the chunk before it went
+// out: chunks that arrive 50µs apart leave 50µs apart, so pipelined
+// statements are not serialized. The upstream direction is left alone.
+func (l *Link) LatencyOneWay(d time.Duration) error {
+	if d <= 0 || d%time.Millisecond != 0 {
+		return fmt.Errorf("sandbox: latency on %s: %s is not a positive whole number of milliseconds", l.name, d)
+	}
+	return l.addStream("latency", "downstream", fmt.Sprintf(`{"latency": %d, "jitter": 0}`, d.Milliseconds()))
 }
 
 // CutAfter closes each connection once bytes more have gone from the
