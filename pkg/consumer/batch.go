@@ -56,11 +56,22 @@ func (h *hold) over(first time.Time, d time.Duration) bool {
 // the queue without). With KeyOrder, the items of a key held after a
 // hand-back go back to the queue first (passHeld).
 func (w *worker[T]) handle(ctx context.Context, items []item[T], h *hold) {
+	w.handleScreened(ctx, items, h, nil)
+}
+
+// handleScreened is handle for items that b, unless nil, is the screened
+// batch of: its first attempt decides b instead of screening them again.
+func (w *worker[T]) handleScreened(ctx context.Context, items []item[T], h *hold, b *guard.Batch) {
 	if w.handBackTripped(ctx, items) {
+		if b != nil {
+			w.c.guard.Abandon(ctx, b)
+		}
 		return
 	}
-	if items = w.passHeld(ctx, items); len(items) == 0 {
-		return
+	if b == nil {
+		if items = w.passHeld(ctx, items); len(items) == 0 {
+			return
+		}
 	}
 	cfg := &w.c.cfg
 	events := make([]guard.Event, len(items))
@@ -70,7 +81,14 @@ func (w *worker[T]) handle(ctx context.Context, items []item[T], h *hold) {
 	attempt := deliveryCount(items[0].d) + 1 // a lone event's
 	for wait := 1; ; wait++ {
 		actx, cancel := context.WithTimeout(ctx, cfg.HandlerTimeout)
-		res, err := w.c.guard.ProcessBatch(actx, events, w.applyBatch(items))
+		var res []guard.Result
+		var err error
+		if b != nil {
+			res, err = w.c.guard.Decide(actx, b, w.applyBatch(items))
+			b = nil
+		} else {
+			res, err = w.c.guard.ProcessBatch(actx, events, w.applyBatch(items))
+		}
 		timedOut := errors.Is(actx.Err(), context.DeadlineExceeded)
 		cancel()
 		if err == nil {

@@ -375,8 +375,9 @@ func (c *Consumer[T]) subscribe(conn *amqp.Connection, prefetch int) (*subscript
 }
 
 // start runs the pipeline on deliveries: gather → screen (one goroutine:
-// decode, Redis, ack the duplicates it settles) → decide (Workers
-// goroutines: the Postgres transactions), and the dead-letter sender. The
+// decode, Redis) → decide (Workers goroutines: the Postgres transactions),
+// the confirm stage (one goroutine: acks the duplicates Redis knows once the
+// store confirmed their markers' history), and the dead-letter sender. The
 // returned channel closes once every stage has returned and every letter
 // was sent or handed back.
 func (w *worker[T]) start(ctx context.Context, deliveries <-chan amqp.Delivery) <-chan struct{} {
@@ -391,6 +392,15 @@ func (w *worker[T]) start(ctx context.Context, deliveries <-chan amqp.Delivery) 
 	// Buffered for every batch that can be in flight, so that no stage
 	// blocks telling the gatherer a batch finished, even after it returned.
 	finished := make(chan struct{}, w.c.cfg.Workers+3)
+	// The confirm stage ends after the stages that feed it, once it has
+	// settled every batch they gave it.
+	var confirmers sync.WaitGroup
+	w.confirms = make([]*confirmShard, w.c.guard.Shards())
+	for i := range w.confirms {
+		c := &confirmShard{queue: newConfirmQueue[func() bool]()}
+		w.confirms[i] = c
+		confirmers.Go(func() { w.confirmStage(c) })
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() { w.gather(deliveries, batches, finished) })
 	wg.Go(func() { w.screenStage(ctx, batches, toDecide, finished) })
@@ -405,7 +415,17 @@ func (w *worker[T]) start(ctx context.Context, deliveries <-chan amqp.Delivery) 
 		})
 	}
 	done := make(chan struct{})
-	go func() { wg.Wait(); close(w.letters); <-lettersSent; close(done) }()
+	go func() {
+		wg.Wait()
+		for _, c := range w.confirms {
+			c.queue.close()
+		}
+		confirmers.Wait()
+		w.leftovers.Wait()
+		close(w.letters)
+		<-lettersSent
+		close(done)
+	}()
 	return done
 }
 

@@ -20,9 +20,12 @@ type screened[T any] struct {
 	batch *guard.Batch
 	// deferred marks items taken out of the batch, to be screened again.
 	deferred map[int]bool
-	// done: nothing is left to decide (every item was a duplicate the fast
-	// tier settled, acked already, or was deferred).
+	// done: nothing is left to decide (every item was deferred).
 	done bool
+	// confirm: every item not deferred is one the fast tier knows as done;
+	// the confirm stage settles the batch once the store confirms the
+	// history of its markers (confirmQueue).
+	confirm bool
 	// gathered: the batch stands for one the gatherer handed out, which
 	// must be reported finished.
 	gathered bool
@@ -36,7 +39,8 @@ type screened[T any] struct {
 // screenStage is the pipeline's middle stage: it decodes each gathered batch,
 // runs the guard's fast tier over it (one Redis round trip, overlapping the
 // Postgres transactions of the batches before it) and hands what is left to
-// the deciders. An event another consumer holds the lease on is most likely
+// the deciders, or, when the fast tier knows every event as done, to the
+// confirm stage. An event another consumer holds the lease on is most likely
 // being committed right now: rather than send it to Postgres, where its claim
 // would wait on that transaction, it is deferred once, and screened again
 // with the next batch (or on its own, after deferWait), when Redis will
@@ -81,7 +85,7 @@ func (w *worker[T]) screenStage(ctx context.Context, batches <-chan []amqp.Deliv
 					ss, _ := w.screen(ctx, nil, carry)
 					for _, s := range ss {
 						order(&s)
-						w.pass(s, toDecide, finished)
+						w.pass(ctx, s, toDecide, finished)
 					}
 				}
 				return
@@ -98,7 +102,7 @@ func (w *worker[T]) screenStage(ctx context.Context, batches <-chan []amqp.Deliv
 			// gathered batch, however many shards it was split over.
 			s.gathered = gathered && i == len(ss)-1
 			order(&s)
-			w.pass(s, toDecide, finished)
+			w.pass(ctx, s, toDecide, finished)
 		}
 	}
 }
@@ -123,9 +127,13 @@ func (w *worker[T]) handBackTripped(ctx context.Context, items []item[T]) bool {
 	return true
 }
 
-// pass hands s to the deciders, or reports it finished if nothing is left.
-func (w *worker[T]) pass(s screened[T], toDecide chan<- screened[T], finished chan<- struct{}) {
-	if !s.done {
+// pass hands s to the deciders, or to the confirm stage, or reports it
+// finished if nothing is left. A batch that waits for confirmation is no
+// work for a decider: the gatherer counts it finished at once.
+func (w *worker[T]) pass(ctx context.Context, s screened[T], toDecide chan<- screened[T], finished chan<- struct{}) {
+	if s.confirm {
+		w.confirmLater(ctx, s)
+	} else if !s.done {
 		toDecide <- s
 		return
 	}
@@ -137,9 +145,9 @@ func (w *worker[T]) pass(s screened[T], toDecide chan<- screened[T], finished ch
 // screen decodes ds, dead-letters what cannot be processed and runs the fast
 // tier over the rest and over carry (items deferred before), one batch per
 // shard the items map to (a transaction cannot span databases). A batch the
-// fast tier settles whole is acked here; any other is acked whole once
-// decided, in one multiple-ack, rather than split around deliveries still in
-// progress. It returns at least one batch, and the items it deferred.
+// fast tier knows whole as done is acked by the confirm stage; any other is
+// acked whole once decided, in one multiple-ack, rather than split around
+// deliveries still in progress. It returns at least one batch, and the items it deferred.
 func (w *worker[T]) screen(ctx context.Context, ds []amqp.Delivery, carry []item[T]) ([]screened[T], []item[T]) {
 	items := append(make([]item[T], 0, len(carry)+len(ds)), carry...)
 	now := time.Now()
@@ -217,21 +225,42 @@ func (w *worker[T]) screenShard(ctx context.Context, items []item[T]) (screened[
 		b.Defer(later)
 		w.c.cfg.Observer.Count(wire.CounterDeferred, 1)
 	}
-	settled := b.Screened()
-	if len(settled)+len(s.deferred) < len(items) {
+	unconfirmed := len(b.Unconfirmed())
+	switch {
+	case unconfirmed+len(s.deferred) < len(items):
+		// Some go to the store: the claim confirms the markers too.
+		return s, deferred
+	case unconfirmed == 0:
+		return screened[T]{done: true}, deferred // every one deferred
+	case w.c.cfg.KeyOrder:
+		// A marker the store does not confirm sends its event to the
+		// store, in its key's order: a decider confirms it in turn.
 		return s, deferred
 	}
-	// Nothing to decide: ack the duplicates now.
-	dups := make([]item[T], len(settled))
-	for k, i := range settled {
-		dups[k] = items[i]
+	s.confirm = true
+	return s, deferred
+}
+
+// handleAlone takes the items of a batch the screen stage left to a decider
+// (one event, or BatchSize 1) to durable outcomes. One event is screened
+// here: the fast tier's round trip runs on the deciders, side by side, and
+// an event it knows as done goes to the confirm stage, which acks it once
+// the store confirms its marker, while this decider takes the next.
+func (w *worker[T]) handleAlone(ctx context.Context, items []item[T]) {
+	if len(items) != 1 || w.c.cfg.KeyOrder || isClosed(w.tripped) {
+		w.handle(ctx, items, &hold{})
+		return
 	}
-	outcomes := make([]guard.Outcome, len(dups))
-	for i := range outcomes {
-		outcomes[i] = guard.OutcomeDuplicateRedis
+	b, err := w.c.guard.Screen(ctx, []guard.Event{items[0].ev})
+	if err != nil {
+		w.handle(ctx, items, &hold{}) // not reached: prepare validated it
+		return
 	}
-	w.ack(ctx, dups, outcomes)
-	return screened[T]{done: true}, deferred
+	if len(b.Unconfirmed()) == 1 {
+		w.confirmLater(ctx, screened[T]{items: items, batch: b, confirm: true})
+		return
+	}
+	w.handleScreened(ctx, items, &hold{}, b)
 }
 
 // decide takes a screened batch to durable outcomes and acks it. With
@@ -245,7 +274,7 @@ func (w *worker[T]) decide(ctx context.Context, s screened[T]) {
 		defer close(s.finished)
 	}
 	if s.batch == nil {
-		w.handle(ctx, s.items, &hold{})
+		w.handleAlone(ctx, s.items)
 		return
 	}
 	items := make([]item[T], 0, len(s.items))

@@ -54,6 +54,12 @@ type worker[T any] struct {
 	tripped      <-chan struct{}
 	// holds are the keys held after a hand-back (Config.KeyOrder).
 	holds keyHolds
+	// confirms hold, by shard, the batches of duplicates waiting for the
+	// store to confirm their markers (confirmStage); leftovers are the
+	// batches it found markers of another history in, decided on
+	// goroutines of their own.
+	confirms  []*confirmShard
+	leftovers sync.WaitGroup
 }
 
 // keyHolds keeps a key held, with Config.KeyOrder, once one of its events
@@ -96,18 +102,6 @@ type letter[T any] struct {
 	reason string
 	cause  error
 	p      amqp.Publishing
-}
-
-// item is a delivery that decoded into an event the guard can take.
-type item[T any] struct {
-	d  amqp.Delivery
-	ev guard.Event
-	v  T
-	// deferred: the item was set aside once because another consumer held
-	// its lease; the next screening sends it to the store whatever it finds.
-	deferred bool
-	// received is when the consumer took the delivery.
-	received time.Time
 }
 
 // deadLetterer publishes dead letters on the session's confirming

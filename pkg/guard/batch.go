@@ -69,6 +69,10 @@ type Batch struct {
 	// payload, by the history their marker names, until the store confirms
 	// that history (settle): their outcome is not known before.
 	marked map[int]tier.History
+	// screened is when Screen began: the caller held every delivery of
+	// the batch by then. A history the store reported in a statement sent
+	// after it confirms the batch's markers (see shardHistory).
+	screened time.Time
 }
 
 // Leased returns the indexes of the events whose ID another consumer holds a
@@ -94,9 +98,10 @@ func (b *Batch) Defer(idx []int) {
 // Screened returns the indexes of the events the fast tier settled as
 // duplicates (OutcomeDuplicateRedis). Their outcome is final and durable:
 // they may be acked at once, before Decide. A done marker counts only once
-// the store confirmed the history it names, after it was read: Screen
-// confirms it, with one small query, when nothing else of the batch goes to
-// the store; otherwise Decide does, in its claim, and its Results say.
+// the store confirmed the history it names, in a statement sent after
+// Screen began: Confirm does that for a batch that sends nothing else to the
+// store; otherwise Decide does, in its claim, and its Results say. Right
+// after Screen, none is settled yet.
 func (b *Batch) Screened() []int {
 	var out []int
 	for i, r := range b.res {
@@ -107,21 +112,35 @@ func (b *Batch) Screened() []int {
 	return out
 }
 
+// Unconfirmed returns the indexes of the events whose done markers wait for
+// the store to confirm the history they name (Confirm, or Decide's claim).
+func (b *Batch) Unconfirmed() []int {
+	out := make([]int, 0, len(b.marked))
+	for i := range b.marked {
+		out = append(out, i)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Screen is ProcessBatch's first half: it validates events and asks the fast
 // tier about each distinct ID, in one pipeline, taking a lease on the new
-// ones. Call Decide next, always: it releases the leases when it fails.
+// ones. It sends nothing to the store. Call Decide next, always (after
+// Confirm, if the caller confirms first): it releases the leases when it
+// fails.
 //
 // A done marker is trusted only in the history of the store it names, and
-// only once the store reported that history after the marker was read (see
-// Screened): a marker from before a failover or a restore of the database
-// never drops an event the database no longer holds.
+// only once the store reported that history in a statement sent after
+// Screen began (see Screened): a marker from before a failover or a restore
+// of the database never drops an event the database no longer holds.
 func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
+	screened := time.Now()
 	for _, ev := range events {
 		if err := ev.Validate(); err != nil {
 			return nil, err
 		}
 	}
-	b := &Batch{events: events, first: make([]int, len(events)), res: make([]Result, len(events)), leases: map[int]tier.Lease{}}
+	b := &Batch{events: events, first: make([]int, len(events)), res: make([]Result, len(events)), leases: map[int]tier.Lease{}, screened: screened}
 	if len(events) > 0 {
 		b.shard = g.Shard(events[0])
 		for _, ev := range events[1:] {
@@ -200,10 +219,33 @@ func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 		// store holds the hash of record and decides.
 		b.toStore = append(b.toStore, i)
 	}
-	if len(b.marked) > 0 && len(b.toStore) == 0 {
-		g.confirm(ctx, b)
-	}
 	return b, nil
+}
+
+// Confirm settles the done markers of b that the store confirms, in a read
+// of its history sent after b was screened, as duplicates
+// (OutcomeDuplicateRedis: see Screened), and sends the others to the store
+// (Decide sends them). It is for a batch that sends nothing else to the
+// store: one that does reads the history in its claim, at no cost of its
+// own, and Decide confirms without it. Reads are shared by every batch of a
+// shard, at most one in flight and one per historyGap, so a caller that
+// confirms off its pipeline (the consumer does) pays latency, not a round
+// trip per batch.
+//
+// A store that does not answer confirms nothing: Confirm returns its error
+// (a *StoreError) and leaves b as it was, for the caller to hold the events
+// and call Confirm again, or to Decide, which sends them to the store. Call
+// Decide next, always, unless the caller hands the events back (Abandon).
+func (g *Guard) Confirm(ctx context.Context, b *Batch) error {
+	if len(b.marked) == 0 {
+		return nil
+	}
+	h, err := g.readHistory(ctx, b)
+	if err != nil {
+		return &StoreError{Op: StoreHistory, Err: err, Shard: g.named(b.shard)}
+	}
+	g.settleLate(ctx, b, h)
+	return nil
 }
 
 // Decide is ProcessBatch's second half: one transaction for the events
@@ -320,6 +362,7 @@ func (g *Guard) beginClaim(ctx context.Context, b *Batch, named int) (pgx.Tx, []
 		g.obs.ObserveStage(ctx, StageStoreClaim, len(b.toStore), time.Since(began), err)
 		return nil, nil, "", err
 	}
+	sent := time.Now() // the claim statement, which reads the history, leaves after it
 	claimed, history, err := g.claimRows(ctx, store, tx, b, b.toStore)
 	if err != nil {
 		rollback(ctx, tx)
@@ -329,7 +372,9 @@ func (g *Guard) beginClaim(ctx context.Context, b *Batch, named int) (pgx.Tx, []
 	if err != nil {
 		return nil, nil, "", err
 	}
-	g.histories[b.shard].saw(ctx, g.log, b.shard, history)
+	sh := g.histories[b.shard]
+	sh.saw(ctx, g.log, b.shard, history)
+	sh.observe(sent, history)
 	return tx, claimed, history, nil
 }
 
@@ -505,26 +550,49 @@ func leaseList(m map[int]tier.Lease) []tier.Lease {
 	return out
 }
 
-// confirm reads the history of b's store (a shared read, see shardHistory)
-// and settles the marked events whose marker names it; the others go to the
-// store. A store that does not answer confirms nothing. It is for a batch
-// that claims nothing: one that does reads the history in its claim
-// (processInStore).
+// confirm takes the history of b's store from a statement sent after b was
+// screened (a shared read, see shardHistory) and settles the marked events
+// whose marker names it; the others go to the store. A store that does not
+// answer confirms nothing. It is for a batch that claims nothing: one that
+// does reads the history in its claim (processInStore).
 func (g *Guard) confirm(ctx context.Context, b *Batch) {
-	sh := g.histories[b.shard]
-	began := time.Now()
-	h, err := sh.read(ctx, g.stores[b.shard])
-	g.obs.ObserveStage(ctx, StageHistory, len(b.marked), time.Since(began), err)
+	h, err := g.readHistory(ctx, b)
 	if err != nil {
 		g.log.DebugContext(ctx, "store history unread: done markers not trusted", "events", len(b.marked), "shard", b.shard, "err", err)
 		h = ""
-	} else {
-		sh.saw(ctx, g.log, b.shard, h)
 	}
+	g.settleLate(ctx, b, h)
+}
+
+// readHistory takes the history of b's store from a statement sent after b
+// was screened.
+func (g *Guard) readHistory(ctx context.Context, b *Batch) (tier.History, error) {
+	sh := g.histories[b.shard]
+	began := time.Now()
+	h, err := sh.since(ctx, g.stores[b.shard], b.screened)
+	g.obs.ObserveStage(ctx, StageHistory, len(b.marked), time.Since(began), err)
+	if err != nil {
+		return "", err
+	}
+	sh.saw(ctx, g.log, b.shard, h)
+	return h, nil
+}
+
+// settleLate settles b's marked events by h (settle) and sends the others
+// to the store.
+func (g *Guard) settleLate(ctx context.Context, b *Batch, h tier.History) {
 	if late := g.settle(ctx, b, h); len(late) > 0 {
 		b.toStore = append(b.toStore, late...)
 		slices.Sort(b.toStore)
 	}
+}
+
+// named is the shard a StoreError names: -1 with one store.
+func (g *Guard) named(shard int) int {
+	if len(g.stores) == 1 {
+		return -1
+	}
+	return shard
 }
 
 // settle settles the marked events of b whose marker names history h as

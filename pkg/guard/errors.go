@@ -64,4 +64,7 @@ const (
 	// StoreCommit: COMMIT failed, and whether it took effect is unknown
 	// until the store answers again.
 	StoreCommit StoreOp = "commit"
+	// StoreHistory: the store did not say which history it is in, so no
+	// done marker was confirmed (Guard.Confirm); nothing ran.
+	StoreHistory StoreOp = "history"
 )

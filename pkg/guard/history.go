@@ -15,30 +15,48 @@ import (
 // the consumer's hold.
 const historyTimeout = 2 * time.Second
 
+// historyGap is the least time between the sending of two history reads of
+// one shard. A read confirms every marker screened before it was sent, so
+// under a stream of duplicates a shard costs at most one read per gap (500
+// a second), however many events and batches wait for one, and a duplicate
+// waits at most the gap and one read for it. The consumer waits off its
+// pipeline (see Guard.Confirm), so the gap costs latency, not throughput.
+const historyGap = 2 * time.Millisecond
+
 // shardHistory is what the guard knows of one shard's history.
 //
 // last is the history the store last reported. It labels the leases the
 // guard takes and lets the log say when the history changed; it never
-// confirms a marker. Only a history read after the marker was read does:
-// in the claim (processInStore), or in a read (confirm).
+// confirms a marker. Only a history the store reported in a statement sent
+// after the marker's batch was screened does: a claim's (processInStore) or
+// a read's (confirm). Screening begins after the caller holds the
+// deliveries, and a delivery that can find a marker the database lacks (a
+// re-send after a restore or a failover) arrives after the database changed
+// its history: any statement sent after screening began sees the new one.
 //
-// Reads are shared. A caller joins the next read, which is sent once the
-// one in flight (if any) has ended; every caller that joined before it was
-// sent had read its markers before, so its answer confirms them all. Under
-// load, a shard costs one read per read's duration, however many batches
-// or single events wait for one.
+// Reads are shared. A caller whose batch was screened at t takes the answer
+// of the latest statement sent after t if one has answered; else it waits
+// for the read in flight if that was sent after t; else it joins the next
+// read, which is sent once the one in flight (if any) has ended and
+// historyGap after the last was sent. A claim sent after t answers for
+// every caller of the next read (observe), which is then not sent.
 type shardHistory struct {
 	turn chan struct{} // held by the read in flight
 
-	mu   sync.Mutex
-	last tier.History
-	next *historyRead // the read that callers join; nil: none waiting
+	mu       sync.Mutex
+	last     tier.History
+	next     *historyRead // the read that callers join; nil: none waiting
+	inFlight *historyRead // the read sent and not answered; nil: none
+	answered *historyRead // the latest-sent statement that answered a history
+	lastSent time.Time    // when the last read was sent
 }
 
 // historyRead is one read of a store's history, and its answer.
 type historyRead struct {
 	done    chan struct{} // closed once h and err are set
 	callers int           // callers that joined it, under shardHistory.mu
+	after   time.Time     // the latest screening among its callers
+	sent    time.Time     // when it was sent (at or before the statement left)
 	h       tier.History
 	err     error
 }
@@ -70,28 +88,57 @@ func (s *shardHistory) saw(ctx context.Context, log *slog.Logger, shard int, cur
 	}
 }
 
-// read returns the store's history from a read sent after the call began.
-// The caller that opens a read sends it, with a deadline of its own
-// (historyTimeout: others wait on it), after the read in flight ends.
-func (s *shardHistory) read(ctx context.Context, store Store) (tier.History, error) {
+// observe records that a statement sent at sent (a claim) reported h. It
+// answers the next read, unsent, if every caller of it was screened before
+// sent.
+func (s *shardHistory) observe(sent time.Time, h tier.History) {
 	s.mu.Lock()
-	r, send := s.next, false
-	if r == nil {
-		r, send = &historyRead{done: make(chan struct{})}, true
-		s.next = r
+	defer s.mu.Unlock()
+	if s.answered == nil || sent.After(s.answered.sent) {
+		s.answered = &historyRead{sent: sent, h: h}
 	}
-	r.callers++
+	if r := s.next; r != nil && sent.After(r.after) {
+		s.next = nil
+		r.sent, r.h = sent, h
+		close(r.done)
+	}
+}
+
+// read returns the store's history from a read sent after the call began.
+func (s *shardHistory) read(ctx context.Context, store Store) (tier.History, error) {
+	return s.since(ctx, store, time.Now())
+}
+
+// since returns the store's history from a statement sent after t: the
+// latest such that answered, the read in flight if sent after t, or the
+// next read. The caller that opens the next read has it sent, with a
+// deadline of its own (historyTimeout: others wait on it).
+func (s *shardHistory) since(ctx context.Context, store Store, t time.Time) (tier.History, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	s.mu.Lock()
+	if a := s.answered; a != nil && a.sent.After(t) {
+		s.mu.Unlock()
+		return a.h, nil
+	}
+	r, send := s.inFlight, false
+	if r == nil || !r.sent.After(t) {
+		r = s.next
+		if r == nil {
+			r, send = &historyRead{done: make(chan struct{})}, true
+			s.next = r
+		}
+		r.callers++
+		if t.After(r.after) {
+			r.after = t
+		}
+	}
 	s.mu.Unlock()
 	if send {
-		s.turn <- struct{}{} // the read in flight ends within historyTimeout
-		s.mu.Lock()
-		s.next = nil // from here on, a caller may have read its markers after this read is sent
-		s.mu.Unlock()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), historyTimeout)
-		r.h, r.err = store.History(rctx)
-		cancel()
-		<-s.turn
-		close(r.done)
+		// Others may join it: it is sent whatever becomes of this caller,
+		// which waits for it no longer than its ctx.
+		go s.send(context.WithoutCancel(ctx), store, r)
 	}
 	select {
 	case <-r.done:
@@ -99,4 +146,39 @@ func (s *shardHistory) read(ctx context.Context, store Store) (tier.History, err
 	case <-ctx.Done():
 		return "", ctx.Err()
 	}
+}
+
+// send sends r once the read in flight ended and historyGap has passed
+// since the last was sent, unless a claim answered it first.
+func (s *shardHistory) send(ctx context.Context, store Store, r *historyRead) {
+	s.turn <- struct{}{} // the read in flight ends within historyTimeout
+	defer func() { <-s.turn }()
+	s.mu.Lock()
+	wait := time.Until(s.lastSent.Add(historyGap))
+	s.mu.Unlock()
+	if wait > 0 {
+		time.Sleep(wait) // at most historyGap
+	}
+	s.mu.Lock()
+	if s.next != r {
+		s.mu.Unlock()
+		return // a claim answered it (observe)
+	}
+	// From here on, a caller may have been screened after this read is
+	// sent: it joins the next.
+	s.next = nil
+	r.sent = time.Now()
+	s.lastSent, s.inFlight = r.sent, r
+	s.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, historyTimeout)
+	h, err := store.History(rctx)
+	cancel()
+	s.mu.Lock()
+	r.h, r.err = h, err
+	s.inFlight = nil
+	if err == nil && (s.answered == nil || r.sent.After(s.answered.sent)) {
+		s.answered = r
+	}
+	s.mu.Unlock()
+	close(r.done)
 }

@@ -81,6 +81,10 @@ func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
 // Every row also carries the database's history (historyExpr), read once,
 // by the same statement: the guard confirms done markers with it, and
 // names it in the markers of the events this transaction commits.
+//
+// A claim that inserts nothing writes a WAL message (wal), in the same
+// statement: see Claim. The CTE runs once, when the rows of events not
+// inserted are read, which a claim that inserted nothing always has.
 const claim = `WITH hist AS (SELECT ` + historyExpr + ` AS history), c AS (
 	SELECT u.id, u.hash, u.n, CASE
 		WHEN u.at IS NULL THEN CASE WHEN h.pruned_through IS NOT NULL THEN 3 END
@@ -94,10 +98,13 @@ const claim = `WITH hist AS (SELECT ` + historyExpr + ` AS history), c AS (
 	SELECT $1, id, hash FROM c WHERE refused IS NULL ORDER BY n
 	ON CONFLICT DO NOTHING
 	RETURNING event_id
+), wal AS (
+	SELECT pg_logical_emit_message(true, 'idem', '') AS lsn WHERE NOT EXISTS (SELECT 1 FROM ins)
 )
-SELECT event_id, NULL::bytea, true, 0, hist.history FROM ins, hist
+SELECT event_id, NULL::bytea, true, 0, hist.history, false FROM ins, hist
 UNION ALL
-SELECT c.id, (SELECT p.payload_hash FROM idem_processed p WHERE p.scope = $1 AND p.event_id = c.id), false, coalesce(c.refused, 0), hist.history
+SELECT c.id, (SELECT p.payload_hash FROM idem_processed p WHERE p.scope = $1 AND p.event_id = c.id), false, coalesce(c.refused, 0), hist.history,
+	EXISTS (SELECT 1 FROM wal)
 FROM c, hist WHERE c.id NOT IN (SELECT event_id FROM ins)`
 
 // refusals maps the claim statement's refusal codes to results.
@@ -138,7 +145,8 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, events []gua
 	var ins bool
 	var code int
 	var history string
-	_, err = pgx.ForEachRow(rows, []any{&id, &hash, &ins, &code, &history}, func() error {
+	var walled bool // the WAL message was written (a claim that inserted nothing)
+	_, err = pgx.ForEachRow(rows, []any{&id, &hash, &ins, &code, &history, &walled}, func() error {
 		switch {
 		case ins:
 			inserted[id] = true
@@ -177,41 +185,18 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, events []gua
 	if err := s.resolveExisting(ctx, tx, scope, events, out); err != nil {
 		return nil, "", err
 	}
-	if err := s.awaitFound(ctx, tx, out); err != nil {
-		return nil, "", err
-	}
 	return out, tier.History(history), nil
 }
 
-// awaitFound makes a transaction that inserts nothing but found rows
-// write a WAL record, so that its COMMIT waits, as one that inserts does,
-// for what synchronous_commit asks: a synchronous standby's flush of
+// A claim that inserts nothing but finds rows writes a WAL message (the
+// claim statement's wal), so that its COMMIT waits, as one that inserts
+// does, for what synchronous_commit asks: a synchronous standby's flush of
 // everything before it, the rows found included. A row found may be a
 // commit the server kept after its client gave up waiting for the standby
 // (a cancelled wait is not a rollback): acked as a duplicate on its word
-// alone, the event would be lost with it on failover.
-func (s *Store) awaitFound(ctx context.Context, tx pgx.Tx, out []tier.ClaimResult) error {
-	found := false
-	for _, r := range out {
-		switch r {
-		case tier.ClaimInserted:
-			return nil // the commit writes WAL of its own
-		case tier.ClaimDuplicate, tier.ClaimConflict:
-			found = true
-		}
-	}
-	if !found {
-		return nil
-	}
-	if _, err := tx.Exec(ctx, awaitFoundQuery); err != nil {
-		return fmt.Errorf("claim dedup rows: mark the transaction for the standby: %w", err)
-	}
-	return nil
-}
-
-// awaitFoundQuery writes a transactional WAL record that nothing decodes:
-// the cheapest write that gives a transaction an ID and a commit record.
-const awaitFoundQuery = `SELECT pg_logical_emit_message(true, 'idem', '')`
+// alone, the event would be lost with it on failover. The message is the
+// cheapest write that gives a transaction an ID and a commit record, and
+// nothing decodes it; riding in the claim, it costs no round trip.
 
 // untimedEvery is how often one Store records that it claimed an untimed
 // event (idem_horizon.untimed_claimed_at).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -430,4 +431,54 @@ func TestCheckShardWaitsForAFirstRecorder(t *testing.T) {
 	require.NoError(t, first.Commit(ctx))
 	require.NoError(t, <-checked)
 	require.ErrorIs(t, layout.CheckShard(ctx, pool, 0, 2), layout.ErrWrongShard)
+}
+
+// statementCount counts the statements a pool sends.
+type statementCount struct{ n atomic.Int64 }
+
+func (c *statementCount) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *statementCount) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestAClaimThatOnlyFindsRowsWritesInItsOwnStatement: a claim that inserts
+// nothing but finds rows gives its transaction an ID (a WAL message), so
+// that its COMMIT waits for a synchronous standby as an inserting one does,
+// and it does so in the claim statement itself: one round trip.
+func TestAClaimThatOnlyFindsRowsWritesInItsOwnStatement(t *testing.T) {
+	t.Parallel()
+	_, url := testenv.Schema(t, testenv.Effects)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	count := &statementCount{}
+	cfg.ConnConfig.Tracer = count
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s := pgtier.New(pool)
+	require.Equal(t, tier.ClaimInserted, claimCommit(t, s, ev("e1", "a")))
+	ctx := context.Background()
+	for _, c := range []struct {
+		name   string
+		events []guard.Event
+		want   tier.ClaimResult
+	}{
+		{"a duplicate", []guard.Event{ev("e1", "a")}, tier.ClaimDuplicate},
+		{"a conflict", []guard.Event{ev("e1", "b")}, tier.ClaimConflict},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tx, err := s.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			before := count.n.Load()
+			res, _, err := s.Claim(ctx, tx, "svc", c.events)
+			require.NoError(t, err)
+			require.Equal(t, c.want, res[0])
+			require.Equal(t, int64(1), count.n.Load()-before, "the claim took more than its own statement")
+			var xid *int64
+			require.NoError(t, tx.QueryRow(ctx, `SELECT txid_current_if_assigned()`).Scan(&xid))
+			require.NotNil(t, xid, "the claim left the transaction without an ID: its COMMIT would not wait for a standby")
+		})
+	}
 }
