@@ -81,6 +81,7 @@ func startRigPool[T any](t *testing.T, h consumer.Handler[T], fast guard.FastPat
 	r.ch, err = conn.Channel()
 	require.NoError(t, err)
 	topo := broker.TopologyFor(cfg.Queue, cfg.BrokerDeliveryLimit)
+	topo.Partitions = cfg.Partitions
 	require.NoError(t, topo.Declare(r.ch))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -188,7 +189,7 @@ func TestADuplicateRedisKnowsIsNotHeldBehindAnotherEventsLockWait(t *testing.T) 
 	t.Parallel()
 	const storeHold = 6 * time.Second
 	rdb, prefix := testenv.Redis(t)
-	fast, err := redistier.New(rdb, redistier.Config{Prefix: prefix})
+	fast, err := redistier.New(rdb, redistier.Config{Prefix: prefix, Timeout: 5 * time.Second}) // a loaded machine opens no breaker here
 	require.NoError(t, err)
 	h := idHandler{apply: func(string) error { return nil }}
 	r := startRigLockTimeout(t, h, fast, "300ms", func(c *consumer.Config) {
@@ -234,7 +235,7 @@ func TestEveryDeliveryHeldForALockWaitIsHandedBackWithinStoreHold(t *testing.T) 
 		handlerTimeout = time.Second
 	)
 	rdb, prefix := testenv.Redis(t)
-	fast, err := redistier.New(rdb, redistier.Config{Prefix: prefix})
+	fast, err := redistier.New(rdb, redistier.Config{Prefix: prefix, Timeout: 5 * time.Second}) // a loaded machine opens no breaker here
 	require.NoError(t, err)
 	h := idHandler{apply: func(string) error { return nil }}
 	r := startRigLockTimeout(t, h, fast, "300ms", func(c *consumer.Config) {
@@ -288,7 +289,7 @@ func TestAShutdownWhileTheStoreDoesNotAnswerEndsWithinTheDrain(t *testing.T) {
 		handlerTimeout = time.Second
 	)
 	rdb, prefix := testenv.Redis(t)
-	fast, err := redistier.New(rdb, redistier.Config{Prefix: prefix})
+	fast, err := redistier.New(rdb, redistier.Config{Prefix: prefix, Timeout: 5 * time.Second}) // a loaded machine opens no breaker here
 	require.NoError(t, err)
 	h := idHandler{apply: func(string) error { return nil }}
 	r, pool, stop := startRigPool(t, h, fast, func(c *pgxpool.Config) { c.MaxConns = 4 }, func(c *consumer.Config) {
@@ -366,7 +367,7 @@ func TestOneShardAwayHoldsNoDuplicateOfAnother(t *testing.T) {
 	t.Parallel()
 	const storeHold = 8 * time.Second
 	rdb, prefix := testenv.Redis(t)
-	fast, err := redistier.New(rdb, redistier.Config{Prefix: prefix})
+	fast, err := redistier.New(rdb, redistier.Config{Prefix: prefix, Timeout: 5 * time.Second}) // a loaded machine opens no breaker here
 	require.NoError(t, err)
 	p0, _ := testenv.Schema(t, testenv.Effects)
 	_, u1 := testenv.Schema(t, testenv.Effects)

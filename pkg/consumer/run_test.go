@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,13 +15,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/fastkey"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
-	"github.com/idemhq/idem/pkg/guard/pgtier"
 	"github.com/idemhq/idem/pkg/guard/redistier"
 )
 
@@ -86,46 +83,7 @@ func startRig[T any](t *testing.T, h consumer.Handler[T], tune func(*consumer.Co
 // startRigWith is startRig with a fast tier in front of the store.
 func startRigWith[T any](t *testing.T, h consumer.Handler[T], fast guard.FastPath, tune func(*consumer.Config)) *rig {
 	t.Helper()
-	pool, _ := testenv.Schema(t, testenv.Effects)
-	url := testenv.AMQPURL()
-	r := &rig{t: t, pool: pool, queue: testenv.Queue(t, url), stats: map[string]*atomic.Int64{}}
-	for _, o := range guard.Outcomes() {
-		r.stats[o.String()] = &atomic.Int64{}
-	}
-	for _, name := range wire.Counters() {
-		r.stats[name] = &atomic.Int64{}
-	}
-	g, err := guard.New(guard.Config{Scope: "svc", Store: pgtier.New(pool), Fast: fast})
-	require.NoError(t, err)
-	cfg := consumer.Config{
-		URL: url, Queue: r.queue, Workers: 2, Prefetch: 4, DeliveryLimit: 2,
-		RetryBackoff: consumer.Backoff{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond},
-		Observer:     r,
-		Logger:       slog.New(slog.DiscardHandler),
-	}
-	if tune != nil {
-		tune(&cfg)
-	}
-	c, err := consumer.New(cfg, g, h)
-	require.NoError(t, err)
-	r.consumerStats = c.Stats
-	conn, err := amqp.Dial(url)
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
-	r.ch, err = conn.Channel()
-	require.NoError(t, err)
-	topo := broker.TopologyFor(cfg.Queue, cfg.BrokerDeliveryLimit)
-	topo.Partitions = cfg.Partitions
-	require.NoError(t, topo.Declare(r.ch))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	ended := make(chan struct{})
-	r.ended = ended
-	go func() { done <- c.Run(ctx); close(ended) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
+	r, _, _ := startRigPool(t, h, fast, nil, tune)
 	return r
 }
 
