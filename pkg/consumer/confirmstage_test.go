@@ -136,6 +136,14 @@ func restoredWithStaleMarkers(t *testing.T, r *rig, rdb *redis.Client, prefix st
 	}
 	require.Eventually(t, func() bool { return r.stats[guard.OutcomeProcessed.String()].Load() == int64(len(ids)) },
 		30*time.Second, 5*time.Millisecond)
+	waitForMarkers(t, rdb, prefix, ids...)
+	_, err := r.pool.Exec(context.Background(), `TRUNCATE idem_processed`)
+	require.NoError(t, err)
+}
+
+// waitForMarkers waits until Redis holds a done marker for each of ids.
+func waitForMarkers(t *testing.T, rdb *redis.Client, prefix string, ids ...string) {
+	t.Helper()
 	require.Eventually(t, func() bool {
 		for _, id := range ids {
 			if !strings.HasPrefix(markerOf(t, rdb, prefix, id), "done:") {
@@ -144,8 +152,6 @@ func restoredWithStaleMarkers(t *testing.T, r *rig, rdb *redis.Client, prefix st
 		}
 		return true
 	}, 10*time.Second, 5*time.Millisecond, "the done markers were never written")
-	_, err := r.pool.Exec(context.Background(), `TRUNCATE idem_processed`)
-	require.NoError(t, err)
 }
 
 // lockRows begins a transaction on r.pool that inserts the dedup rows of ids
@@ -303,14 +309,7 @@ func TestAShutdownWhileTheStoreDoesNotAnswerEndsWithinTheDrain(t *testing.T) {
 		r.publish(ids[i], "body of "+ids[i])
 	}
 	require.Eventually(t, func() bool { return r.stats[guard.OutcomeProcessed.String()].Load() == n }, 30*time.Second, 5*time.Millisecond)
-	require.Eventually(t, func() bool {
-		for _, id := range ids {
-			if !strings.HasPrefix(markerOf(t, rdb, prefix, id), "done:") {
-				return false
-			}
-		}
-		return true
-	}, 10*time.Second, 5*time.Millisecond, "the done markers were never written")
+	waitForMarkers(t, rdb, prefix, ids...)
 
 	// The store stops answering: nothing of the consumer's pool is free.
 	var held []*pgxpool.Conn
