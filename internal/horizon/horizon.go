@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/internal/pgerr"
 )
 
 // LockKey is the advisory lock every guard transaction takes shared at
@@ -131,14 +133,7 @@ func Prune(ctx context.Context, db *pgxpool.Pool, cfg PruneConfig) (int64, time.
 	if err != nil {
 		return 0, time.Time{}, err
 	}
-	// The barrier: the exclusive lock is granted once every guard
-	// transaction that holds the shared one (begun before the cut was
-	// recorded) has ended.
-	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+LockKey+`)`)
-		return err
-	})
-	if err != nil {
+	if err := barrier(ctx, db); err != nil {
 		return 0, cutoff, fmt.Errorf("prune: wait for claims begun before the cut: %w", err)
 	}
 	var total int64
@@ -152,6 +147,40 @@ func Prune(ctx context.Context, db *pgxpool.Pool, cfg PruneConfig) (int64, time.
 		if tag.RowsAffected() < int64(batch) {
 			return total, cutoff, nil
 		}
+	}
+}
+
+// barrierWait bounds each of the barrier's requests for the exclusive
+// lock. PostgreSQL grants a lock's requests in order, so while one waits,
+// every guard transaction's BEGIN (which takes the lock shared) queues
+// behind it: the wait is kept to a small part of the lock_timeout claims
+// run with (half a handler timeout, a second or more in practice), so that
+// no claim fails for prune's sake.
+const barrierWait = 100 * time.Millisecond
+
+// barrier returns once every guard transaction that held the horizon lock
+// shared when it was called has ended: the exclusive lock is granted only
+// then. A request that waited barrierWait gives the queued claims their
+// turn and asks again after a pause, until ctx ends.
+func barrier(ctx context.Context, db *pgxpool.Pool) error {
+	pause := barrierWait
+	for {
+		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, barrierWait.Milliseconds())); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+LockKey+`)`)
+			return err
+		})
+		if pgerr.SQLState(err) != pgerr.LockNotAvailable {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 2*time.Second)
 	}
 }
 

@@ -80,6 +80,7 @@ func (w *worker[T]) handleScreened(ctx context.Context, items []item[T], h *hold
 	}
 	attempt := deliveryCount(items[0].d) + 1 // a lone event's
 	for wait := 1; ; wait++ {
+		started := w.c.kill.now()
 		actx, cancel := context.WithTimeout(ctx, cfg.HandlerTimeout)
 		var res []guard.Result
 		var err error
@@ -101,6 +102,12 @@ func (w *worker[T]) handleScreened(ctx context.Context, items []item[T], h *hold
 			return
 		}
 		verdict, reason := classify(err, timedOut)
+		if reason == wire.ReasonHandlerTimeout && !w.storeAnswers(ctx, items) {
+			// The handler ran out of time on a store that does not
+			// answer now (a silent link, a server gone): not the
+			// events' doing, held as the store unreachable.
+			verdict, reason = holdInPlace, wire.RequeueStoreUnavailable
+		}
 		if verdict == holdInPlace {
 			if !w.holdInPlace(ctx, items, h, wait, reason, err) {
 				return
@@ -122,7 +129,15 @@ func (w *worker[T]) handleScreened(ctx context.Context, items []item[T], h *hold
 			return
 		}
 		suspect := false
-		switch w.c.kill.failed(it.ev.ID, failureClass(reason, err), truncate(err.Error(), maxErrorHeader)) {
+		id := it.ev.ID
+		if reason == wire.ReasonHandlerTimeout {
+			id = w.c.kill.hangOf(id, started)
+		}
+		kill := killNone
+		if !waited(err) {
+			kill = w.c.kill.failed(id, failureClass(reason, err), truncate(err.Error(), maxErrorHeader))
+		}
+		switch kill {
 		case killOpen:
 			// Distinct events fail this way: the deploy's fault, not this
 			// event's. It goes back unspent, and the session ends.
@@ -159,6 +174,15 @@ func (w *worker[T]) handleScreened(ctx context.Context, items []item[T], h *hold
 		// event would come after the ones behind it.
 		attempt++
 	}
+}
+
+// storeAnswers reports whether the store of items' shard answers within
+// half a handler timeout: asked after an attempt ran out of time, it tells
+// a handler that hung from a store that stopped answering under it.
+func (w *worker[T]) storeAnswers(ctx context.Context, items []item[T]) bool {
+	pctx, cancel := context.WithTimeout(ctx, w.c.cfg.HandlerTimeout/2)
+	defer cancel()
+	return w.c.guard.PingShard(pctx, w.c.guard.Shard(items[0].ev)) == nil
 }
 
 // holdInPlace waits before the wait-th retry of items while the store is

@@ -26,10 +26,11 @@ const (
 	spendAttempt
 )
 
-// isClaim reports an error of the guard's claim statement.
-func isClaim(err error) bool {
+// inHandler reports an error of the handler's own statements, not of a
+// guard statement (BEGIN, the claim, the history read, COMMIT).
+func inHandler(err error) bool {
 	var se *guard.StoreError
-	return errors.As(err, &se) && se.Op == guard.StoreClaim
+	return !errors.As(err, &se)
 }
 
 // classify decides what a failed attempt leads to, and the reason that names
@@ -53,18 +54,19 @@ func classify(err error, timedOut bool) (verdict, string) {
 	}
 	if code := pgerr.SQLState(err); code != "" {
 		switch {
-		case code == pgerr.LockNotAvailable && isClaim(err):
-			// lock_timeout on the claim: another session holds this
-			// event's dedup row. Not the event's fault: a healthy holder
-			// finishes within its transaction, an orphaned one is ended by
-			// the server (idle_in_transaction_session_timeout); hold,
-			// spend nothing.
+		case code == pgerr.LockNotAvailable && !inHandler(err):
+			// lock_timeout on a guard statement: on the claim, another
+			// delivery of this event holds its dedup row; at BEGIN, a
+			// prune's request for the horizon lock is queued. Not the
+			// event's fault: a healthy holder finishes within its
+			// transaction, an orphaned one is ended by the server
+			// (idle_in_transaction_session_timeout); hold, spend nothing.
 			return holdInPlace, wire.RequeueLockWait
 		case code == pgerr.LockNotAvailable:
 			// A handler's statement waited on a business row: as a
 			// handler that runs out of time, the batch splits and the
 			// attempt counts, so that one locked row holds up no other
-			// event.
+			// event. It never counts for the kill switch (waited).
 			return spendAttempt, wire.ReasonHandlerTimeout
 		case code == "22003":
 			return deadLetterNow, wire.ReasonNumericOverflow
@@ -77,9 +79,16 @@ func classify(err error, timedOut bool) (verdict, string) {
 	var se *guard.StoreError
 	isStore := errors.As(err, &se)
 	switch {
-	case timedOut && isStore && se.Op == guard.StoreBegin:
-		// No connection within the attempt's deadline: the pool or the
-		// server is unreachable; nothing of the event ran.
+	case timedOut && isStore && se.Op == guard.StoreClaim:
+		// The claim ran out of time: it waited on a dedup row another
+		// session holds (with no lock_timeout set), or on a store that
+		// stopped answering. Either way nothing of the event ran.
+		return holdInPlace, wire.RequeueLockWait
+	case timedOut && isStore:
+		// A guard statement (BEGIN, the history read, COMMIT) ran out
+		// of time: the pool or the server is slow or unreachable, not
+		// the event. A COMMIT whose answer was lost is safe to retry:
+		// the claim finds the row if it landed.
 		return holdInPlace, wire.RequeueStoreUnavailable
 	case timedOut:
 		return spendAttempt, wire.ReasonHandlerTimeout

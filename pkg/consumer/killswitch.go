@@ -35,13 +35,20 @@ var defaultProbeBackoff = Backoff{Min: 10 * time.Second, Max: 5 * time.Minute}
 // the store unreachable: it is held in place, as a Postgres outage is, and
 // never reaches the switch.)
 //
-// Only failures that may be the deploy's count: a handler or store error
-// retried with backoff (handler_failed, store_failed, commit_failed,
-// handler_timeout), by class: its SQLSTATE when PostgreSQL gave one (42P01
-// for a missing table), else its reason. A message the consumer rejects for
-// what it is (undecodable, a payload conflict, a data or integrity error,
-// outside the horizon, Reject) is poison and never counts; it counts only
-// among the events settled. The switch trips when at least Threshold
+// Only an event's own failure that may be the deploy's counts: a handler
+// or store error retried with backoff (handler_failed, store_failed,
+// commit_failed, handler_timeout), by class: its SQLSTATE when PostgreSQL
+// gave one (42P01 for a missing table), else its reason. A wait never
+// counts: a statement cancelled by lock_timeout (55P03: a row another
+// transaction holds, a prune's request for the horizon lock), a guard
+// statement that ran out of time, or a handler that ran out of time while
+// its store did not answer (held as the store unreachable, as a Postgres
+// outage is). Attempts that ran out of time together count as one event,
+// the first of them to time out (hangOf): one hung event counts once
+// however many wait behind it. A message the consumer rejects for what it
+// is (undecodable, a payload conflict, a data or integrity error, outside
+// the horizon, Reject) is poison and never counts; it counts only among
+// the events settled. The switch trips when at least Threshold
 // distinct events failed with one class in a streak (each failure of the
 // class within Window of the one before it, however long it lasts: with
 // one event in flight at a time, each takes its retries before the next),
@@ -58,10 +65,10 @@ var defaultProbeBackoff = Backoff{Min: 10 * time.Second, Max: 5 * time.Minute}
 // After Probe's backoff a session takes one delivery per queue:
 // processed, and the consumer resumes; a failure that counts, and it is
 // handed back and the next probe waits longer; poison is handled as ever
-// (dead-lettered) and the probe goes on. A probe that finds no delivery
-// within Probe.Min and a handler timeout resumes too: the queue is empty,
-// and a consumer with nothing to do is not kept unready for a cause it can
-// no longer test. After a resume the switch stays armed for Window: the
+// (dead-lettered), a duplicate acked, and the probe goes on. A probe that
+// meets no failure that counts within Probe.Min and a handler timeout
+// resumes too: the queue is empty, or held only duplicates and poison, and
+// a consumer is not kept unready for a cause it met nothing to test. After a resume the switch stays armed for Window: the
 // first failure of the class it tripped on trips it again at once, and the
 // probes keep their longer wait, so that a deploy broken for one kind of
 // event gives each of those events one attempt per probe, not
@@ -136,6 +143,15 @@ func failureClass(reason string, err error) string {
 	return reason
 }
 
+// waited reports a failed attempt that waited on another transaction: a
+// statement cancelled by lock_timeout on a row that transaction holds (a
+// poison event hung holding it, a report, a migration). The attempt is
+// spent, as a handler's that runs out of time, but it says nothing of the
+// deploy: it never counts for the switch.
+func waited(err error) bool {
+	return pgerr.SQLState(err) == pgerr.LockNotAvailable
+}
+
 // killVerdict is what the switch makes of a failed attempt.
 type killVerdict int
 
@@ -179,6 +195,12 @@ type killSwitch struct {
 	// next failure trips the switch again at once.
 	armed      string
 	armedUntil time.Time
+	// hang is the latest group of attempts that ran out of time
+	// together: the event that timed out first, and when.
+	hang struct {
+		id string
+		at time.Time
+	}
 }
 
 type streak struct {
@@ -204,7 +226,6 @@ type trip struct {
 	since         time.Time
 	probeAt       time.Time // when the next probe starts
 	probing       bool
-	seen          bool // the probe met a delivery
 }
 
 func newKillSwitch(cfg KillSwitch, log *slog.Logger, obs Observer) *killSwitch {
@@ -224,7 +245,6 @@ func (k *killSwitch) failed(id, class, sample string) killVerdict {
 		// Open, every failure that counts is handed back: the deploy is
 		// broken, whatever class this one fails with.
 		if o.probing {
-			o.seen = true
 			k.trips++
 			delay := k.cfg.Probe.Delay(k.trips)
 			o.probing, o.probeAt, o.sample = false, now.Add(delay), sample
@@ -264,6 +284,24 @@ func (k *killSwitch) failed(id, class, sample string) killVerdict {
 		return killSuspect
 	}
 	return killNone
+}
+
+// hangOf names the hang an attempt begun at started that ran out of time
+// belongs to. Attempts that were all running when the first of them ran
+// out of time most likely waited on one thing (a row a hung event holds,
+// with no lock_timeout; a downstream that stopped answering): they count
+// for the switch as one event, the one that timed out first, so that one
+// hang among good events trips nothing however many wait behind it. An
+// attempt begun after that starts a hang of its own: a deploy whose every
+// event hangs still counts a distinct event each HandlerTimeout.
+func (k *killSwitch) hangOf(id string, started time.Time) string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.hang.id != "" && started.Before(k.hang.at) {
+		return k.hang.id
+	}
+	k.hang.id, k.hang.at = id, k.now()
+	return id
 }
 
 // disarm forgets the class the switch last tripped on once its Window
@@ -312,11 +350,9 @@ func (k *killSwitch) settle(id string, o guard.Outcome) bool {
 	defer k.mu.Unlock()
 	now := k.now()
 	if t := k.open; t != nil {
-		if t.probing {
-			t.seen = true
-		}
 		// Only an event the handler applied proves the deploy works: a
-		// duplicate never ran it.
+		// duplicate never ran it, poison failed for what it is. Either
+		// is settled and the probe goes on with the next delivery.
 		if !t.probing || o != guard.OutcomeProcessed {
 			return false
 		}
@@ -398,16 +434,19 @@ func (k *killSwitch) awaitProbe(stop <-chan struct{}) bool {
 	return true
 }
 
-// probeIdle closes the switch, armed, if it is probing and its probe met
-// no delivery: the queue is empty. It reports whether it closed it.
+// probeIdle closes the switch, armed, if it is still probing: its probe
+// met no failure that counts, only an empty queue, duplicates or poison,
+// none of which can tell a working deploy from a broken one. Armed, the
+// first failure of the class it tripped on trips it again at once. It
+// reports whether it closed it.
 func (k *killSwitch) probeIdle() bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	t := k.open
-	if t == nil || !t.probing || t.seen {
+	if t == nil || !t.probing {
 		return false
 	}
-	k.close(k.now(), "the probe found no delivery (the queue is empty)")
+	k.close(k.now(), "the probe met no failure (an empty queue, duplicates or poison)")
 	return true
 }
 

@@ -136,26 +136,85 @@ func TestAProbeClosesTheSwitchOnlyOnAProcessedEvent(t *testing.T) {
 	require.Equal(t, killNone, k.failed("j", "42P01", errMissing), "a window later: counted afresh")
 }
 
-// TestAProbeThatMeetsNoDeliveryResumes: a probing switch whose probe saw
-// no delivery (the queue is empty) closes, armed; one that saw one does
-// not.
-func TestAProbeThatMeetsNoDeliveryResumes(t *testing.T) {
+// TestAProbeThatMeetsNoFailureResumes: a probing switch whose probe met
+// no failure that counts closes, armed, when the probe's time is up:
+// whether the queue was empty or held only duplicates and poison, none of
+// which runs the handler to the end. Before, a probe that settled a
+// duplicate never closed the switch: a queue of redeliveries kept the
+// consumer tripped until a new event came.
+func TestAProbeThatMeetsNoFailureResumes(t *testing.T) {
+	for name, met := range map[string][]guard.Outcome{
+		"an empty queue":     nil,
+		"only duplicates":    {guard.OutcomeDuplicateRedis, guard.OutcomeDuplicatePostgres},
+		"poison":             {guard.OutcomeDeadLettered},
+		"duplicates, poison": {guard.OutcomeDuplicatePostgres, guard.OutcomeDeadLettered},
+	} {
+		t.Run(name, func(t *testing.T) {
+			k, now, _ := testSwitch(KillSwitch{Threshold: 1, Probe: Backoff{Min: time.Second, Max: 4 * time.Second}})
+			require.Equal(t, killOpen, k.failed("a", "42P01", errMissing))
+			require.False(t, k.probeIdle(), "not probing yet")
+			*now = now.Add(time.Second)
+			require.True(t, k.awaitProbe(make(chan struct{})))
+			for i, o := range met {
+				require.False(t, k.settle(fmt.Sprint("m", i), o), "%s proves nothing by itself", o)
+			}
+			require.True(t, k.probeIdle(), "nothing failed: resume")
+			why, _ := k.state()
+			require.Empty(t, why)
+			require.Equal(t, killOpen, k.failed("c", "42P01", errMissing), "armed: the first failure of its class trips it again")
+		})
+	}
+
+	// A probe that failed is not closed by its time running out.
 	k, now, _ := testSwitch(KillSwitch{Threshold: 1, Probe: Backoff{Min: time.Second, Max: 4 * time.Second}})
 	require.Equal(t, killOpen, k.failed("a", "42P01", errMissing))
-	require.False(t, k.probeIdle(), "not probing yet")
 	*now = now.Add(time.Second)
 	require.True(t, k.awaitProbe(make(chan struct{})))
-	require.False(t, k.settle("b", guard.OutcomeDuplicateRedis), "a duplicate proves nothing")
-	require.False(t, k.probeIdle(), "the probe met a delivery: it decides")
-
-	k, now, _ = testSwitch(KillSwitch{Threshold: 1, Probe: Backoff{Min: time.Second, Max: 4 * time.Second}})
-	require.Equal(t, killOpen, k.failed("a", "42P01", errMissing))
-	*now = now.Add(time.Second)
-	require.True(t, k.awaitProbe(make(chan struct{})))
-	require.True(t, k.probeIdle(), "an empty queue: resume")
+	require.Equal(t, killOpen, k.failed("b", "42P01", errMissing))
+	require.False(t, k.probeIdle(), "the probe failed: it waits for the next")
 	why, _ := k.state()
-	require.Empty(t, why)
-	require.Equal(t, killOpen, k.failed("c", "42P01", errMissing), "armed: the first failure of its class trips it again")
+	require.NotEmpty(t, why)
+}
+
+// TestAHangCountsOnce: attempts that all ran when the first of them ran
+// out of time count for the switch as that one event. A poison event that
+// hangs holding a row, with the good events behind it timing out too (no
+// lock_timeout), is one event however often it is retried and however
+// many wait on it: the switch never trips. A deploy whose every event
+// hangs still counts a distinct event per round of timeouts, and trips.
+func TestAHangCountsOnce(t *testing.T) {
+	const timeout = 2 * time.Second
+	k, now, tc := testSwitch(KillSwitch{})
+	for round := range 6 {
+		start := *now
+		// The poison starts first; six good events queue behind it.
+		*now = start.Add(timeout)
+		require.Equal(t, killNone, k.failed(k.hangOf("poison", start), "handler_timeout", "hang"), "round %d", round)
+		for i := range 6 {
+			began := start.Add(time.Duration(i+1) * 10 * time.Millisecond)
+			*now = began.Add(timeout)
+			id := k.hangOf(fmt.Sprintf("good_%d_%d", round, i), began)
+			require.Equal(t, "poison", id, "round %d: waited on the poison's hang", round)
+			require.Equal(t, killNone, k.failed(id, "handler_timeout", "hang"))
+		}
+		*now = now.Add(50 * time.Millisecond)
+	}
+	require.Zero(t, tc.trips, "one hung event tripped the switch")
+
+	// Every event hangs: each round of eight is one hang, of a new event.
+	k, now, tc = testSwitch(KillSwitch{})
+	var v killVerdict
+	for round := 0; round < 5; round++ {
+		start := *now
+		for i := range 8 {
+			began := start.Add(time.Duration(i) * time.Millisecond)
+			*now = began.Add(timeout)
+			v = k.failed(k.hangOf(fmt.Sprintf("e_%d_%d", round, i), began), "handler_timeout", "hang")
+		}
+		*now = now.Add(20 * time.Millisecond)
+	}
+	require.Equal(t, killOpen, v, "five rounds of hangs are five events")
+	require.Equal(t, 1, tc.trips)
 }
 
 // TestOneEventAtATimeTripsAtTheDefaults replays, on the switch's own

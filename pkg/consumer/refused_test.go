@@ -35,11 +35,17 @@ func handshakeCuts(n int) []sandbox.Cut {
 // requireLedger requires ledger to hold each of n events once.
 func (r *rig) requireLedger(n int) {
 	r.t.Helper()
+	r.requireLedgerWithin(n, 30*time.Second)
+}
+
+// requireLedgerWithin is requireLedger waiting up to d.
+func (r *rig) requireLedgerWithin(n int, d time.Duration) {
+	r.t.Helper()
 	var rows, distinct int
 	require.Eventually(r.t, func() bool {
 		require.NoError(r.t, r.pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT event_id) FROM ledger`).Scan(&rows, &distinct))
 		return distinct == n
-	}, 30*time.Second, 20*time.Millisecond, "ledger: %d distinct events", distinct)
+	}, d, 20*time.Millisecond, "ledger: %d distinct events", distinct)
 	require.Equal(r.t, n, rows, "an event applied twice")
 }
 

@@ -7,16 +7,20 @@ import "context"
 // deliveries back because its store stayed away pings before it takes
 // deliveries again.
 func (g *Guard) Ping(ctx context.Context) error {
-	for i, s := range g.stores {
-		tx, err := s.Begin(ctx)
-		if err != nil {
-			shard := i
-			if len(g.stores) == 1 {
-				shard = -1
-			}
-			return &StoreError{Op: StoreBegin, Err: err, Shard: shard}
+	for i := range g.stores {
+		if err := g.PingShard(ctx, i); err != nil {
+			return err
 		}
-		_ = tx.Rollback(ctx)
 	}
+	return nil
+}
+
+// PingShard is Ping for the store of one shard (Guard.Shard).
+func (g *Guard) PingShard(ctx context.Context, shard int) error {
+	tx, err := g.stores[shard].Begin(ctx)
+	if err != nil {
+		return &StoreError{Op: StoreBegin, Err: err, Shard: g.named(shard)}
+	}
+	_ = tx.Rollback(ctx)
 	return nil
 }

@@ -232,3 +232,63 @@ func TestAnUntimedClaimWaitsForTheWriteInFlight(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT untimed_claimed_at FROM idem_horizon`).Scan(&at))
 	require.NotNil(t, at, "the second claim did not write what the first rolled back")
 }
+
+// TestAPruneWaitingOnALongClaimQueuesNoOtherClaim: a guard transaction
+// runs long (a handler near its timeout) while a prune waits for it at its
+// barrier. PostgreSQL queues every later request for the horizon lock
+// behind the prune's exclusive one, so before the barrier bounded its
+// requests every claim begun meanwhile waited on the long one and failed
+// at its lock_timeout (55P03): a prune during load failed healthy events
+// by the handful. Now each claim waits at most a moment, and the prune
+// still cuts once the long transaction ends.
+func TestAPruneWaitingOnALongClaimQueuesNoOtherClaim(t *testing.T) {
+	t.Parallel()
+	pool, dbURL := testenv.Schema(t, testenv.Effects)
+	ctx := context.Background()
+	_, err := horizon.Enforce(ctx, pool, time.Hour, time.Minute)
+	require.NoError(t, err)
+
+	long, err := pgtier.New(pool).Begin(ctx)
+	require.NoError(t, err)
+	defer long.Rollback(ctx)
+
+	pruned := make(chan error, 1)
+	go func() {
+		_, _, err := horizon.Prune(ctx, pool, horizon.PruneConfig{Retention: time.Hour, ClockSkew: time.Minute, Batch: 100})
+		pruned <- err
+	}()
+	// The prune's exclusive request is waiting on the long transaction.
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
+			WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND NOT granted)`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, time.Millisecond, "prune never asked for the horizon lock")
+
+	// Claims begun meanwhile, with the lock_timeout consumers run with
+	// at a 2 s handler timeout.
+	pc, err := pgxpool.ParseConfig(testenv.WithParam(dbURL, "lock_timeout", "1000"))
+	require.NoError(t, err)
+	claims, err := pgxpool.NewWithConfig(ctx, pc)
+	require.NoError(t, err)
+	defer claims.Close()
+	for i := range 5 {
+		tx, err := pgtier.New(claims).Begin(ctx)
+		require.NoError(t, err, "claim %d queued behind the prune", i)
+		require.NoError(t, tx.Commit(ctx))
+		time.Sleep(150 * time.Millisecond)
+	}
+	select {
+	case err := <-pruned:
+		t.Fatalf("prune passed its barrier while a transaction begun before the cut ran: %v", err)
+	default:
+	}
+
+	require.NoError(t, long.Rollback(ctx))
+	select {
+	case err := <-pruned:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("prune did not finish after the long transaction ended")
+	}
+}
