@@ -2,7 +2,8 @@
 // covers every form a connection setting can take, parseable or not:
 //
 //   - the password in a URL's user info (scheme://user:password@host),
-//     even when the URL does not parse (a '/', '#' or bad %-escape in it);
+//     even when the URL does not parse (a '/', '#' or bad %-escape in it),
+//     and an HTTP URL's user name given alone (https://<token>@host);
 //   - password-like parameters, in a URL query (?password=…) or a keyword
 //     DSN (host=… password='…');
 //   - URL query parameters whose name says they hold a credential
@@ -10,11 +11,14 @@
 //     destination's URL, and the net/http errors that quote it;
 //   - HTTP header values an HTTP destination is configured with (a bearer
 //     token, an API key), literally, and their credentials alone;
+//   - an HTTP destination's URL credentials, literally, wherever its
+//     answer quotes them (URLSecrets);
 //   - and, for text that mangles those shapes (a parser's error quoting a
 //     fragment), every secret found in the configured URLs, literally.
 package redact
 
 import (
+	"encoding/base64"
 	"io"
 	"net/url"
 	"regexp"
@@ -36,6 +40,12 @@ var (
 	// userinfo: scheme://user:password@ (greedy to the last @ of the token,
 	// since unescaped passwords may hold '@', '/' or '#').
 	userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)([^:@/\s"']*):(\S*)@`)
+	// tokenUser: http(s)://user@, a user name given alone, which an HTTP
+	// endpoint's URL uses for a token (a database URL's is a role's name).
+	tokenUser = regexp.MustCompile(`(?i)(\bhttps?://)([^:@/?#\s"']+)@`)
+	// httpScheme: a connection string's scheme (what precedes "://") is
+	// http or https.
+	httpScheme = regexp.MustCompile(`(?i)(^|[^A-Za-z0-9+.-])https?$`)
 	// param: password-like keys in a query or a keyword DSN, quoted or not.
 	param = regexp.MustCompile(`(?i)\b((?:ssl)?pass(?:word)?|pwd|secret|token)(\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s"']*)`)
 	// query: a URL query parameter whose name contains a credential's
@@ -123,9 +133,11 @@ func (w *writer) Write(p []byte) (int, error) {
 }
 
 // String masks the secrets that have a recognisable shape in s: URL user
-// info passwords and password-like parameters.
+// info passwords, an HTTP URL's user name given alone, and password-like
+// parameters.
 func String(s string) string {
 	s = userinfo.ReplaceAllString(s, "${1}${2}:"+Mask+"@")
+	s = tokenUser.ReplaceAllString(s, "${1}"+Mask+"@")
 	s = param.ReplaceAllString(s, "${1}${2}"+Mask)
 	return query.ReplaceAllString(s, "${1}"+Mask)
 }
@@ -238,7 +250,7 @@ func Secrets(conn string) []string {
 			out = append(out, d)
 		}
 	}
-	if _, rest, ok := strings.Cut(conn, "://"); ok {
+	if scheme, rest, ok := strings.Cut(conn, "://"); ok {
 		// The user info ends at an '@'; which one is unclear when the
 		// password holds '@' unescaped, so take the first and the last.
 		for _, at := range []int{strings.Index(rest, "@"), strings.LastIndex(rest, "@")} {
@@ -247,6 +259,17 @@ func Secrets(conn string) []string {
 			}
 			if _, pw, ok := strings.Cut(rest[:at], ":"); ok {
 				add(pw)
+			}
+		}
+		// An HTTP URL's user name given alone is a token: the user info
+		// of its authority (which ends at the first '/', '?' or '#').
+		if httpScheme.MatchString(scheme) {
+			authority := rest
+			if end := strings.IndexAny(rest, "/?#"); end >= 0 {
+				authority = rest[:end]
+			}
+			if at := strings.LastIndex(authority, "@"); at > 0 && !strings.Contains(authority[:at], ":") {
+				add(authority[:at])
 			}
 		}
 	}
@@ -267,6 +290,20 @@ func Secrets(conn string) []string {
 				out = append(out, d)
 			}
 		}
+	}
+	return out
+}
+
+// URLSecrets returns the credentials in an HTTP endpoint's URL u, those
+// URL masks, in every form a request carries them and its answer may quote
+// them: as written and %-decoded (see Secrets), and the Basic
+// Authorization value net/http makes of the user info. Give them to Values
+// to mask an answer's body.
+func URLSecrets(u string) []string {
+	out := Secrets(u)
+	if p, err := url.Parse(u); err == nil && p.User != nil {
+		pw, _ := p.User.Password()
+		out = append(out, "Basic "+base64.StdEncoding.EncodeToString([]byte(p.User.Username()+":"+pw)))
 	}
 	return out
 }

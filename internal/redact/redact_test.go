@@ -36,6 +36,8 @@ var forms = map[string]string{
 	"query client secret":   "https://api.example.com/x?CLIENT_SECRET=" + sentinel + "#frag",
 	"query auth":            "https://api.example.com/x?auth=" + sentinel,
 	"destination list":      "mailer=https://mail.example.com/x?token=other1 api=https://api.example.com/x?sessionToken=" + sentinel,
+	"token as user name":    "mailer=https://" + sentinel + "@api.example.com/v1/send",
+	"token user in a list":  "receipts=queue:r mailer=https://" + sentinel + "@api.example.com/x api=https://u:other1@api.example.com/",
 }
 
 func TestEveryFormIsMasked(t *testing.T) {
@@ -75,6 +77,36 @@ func TestAURLListMasksOnlyPasswords(t *testing.T) {
 	msg := "postgres.shards: shard 1 of postgres://postgres@db1:5432/pay"
 	require.Equal(t, msg, r.String(msg))
 	require.Equal(t, "amqp://app:"+Mask+"@mq2/ amqp://app:"+Mask+"@mq1/", r.String("amqp://app:pw-two-2@mq2/ amqp://app:pw-one-1@mq1/"))
+}
+
+// TestAnHTTPURLsUserNameAloneIsASecret: https://<token>@host holds a
+// token, as URL says; a database URL's user name alone is a role's name,
+// and an '@' past the host is no user info.
+func TestAnHTTPURLsUserNameAloneIsASecret(t *testing.T) {
+	require.Equal(t, "POST https://"+Mask+"@api.example.com/x failed", String("POST https://"+sentinel+"@api.example.com/x failed"))
+	for _, conn := range []string{"postgres://postgres@db:5432/pay", "https://api.example.com/users/@me", "https://api.example.com/x?to=a@b.example"} {
+		require.Empty(t, Secrets(conn), conn)
+		require.Equal(t, conn, String(conn))
+	}
+}
+
+// TestURLSecretsCoverWhatAnAnswerMayQuote: an API's error body may quote
+// the request's URL, a query parameter decoded, or the Authorization
+// header net/http made of the user info.
+func TestURLSecretsCoverWhatAnAnswerMayQuote(t *testing.T) {
+	const b64 = "WnE3c2VudGluZWxQVzo=" // base64(sentinel + ":")
+	for u, body := range map[string]string{
+		"https://api.example.com/v1/pay?access_token=" + sentinel + "%21&region=eu": "invalid access_token '" + sentinel + "!' for /v1/pay?access_token=" + sentinel + "%21&region=eu",
+		"https://" + sentinel + "@api.example.com/v1/pay":                           "unknown key " + sentinel + " (Authorization: Basic " + b64 + ")",
+		"https://app:" + sentinel + "@api.example.com/v1/pay":                       "bad credentials: Basic YXBwOlpxN3NlbnRpbmVsUFc=",
+	} {
+		got := Values(body, URLSecrets(u)...)
+		require.NotContains(t, got, sentinel, u)
+		require.NotContains(t, got, b64, u)
+		require.NotContains(t, got, "YXBwOlpxN3NlbnRpbmVsUFc=", u)
+		require.Contains(t, got, Mask, u)
+	}
+	require.Equal(t, "region eu on /v1/pay", Values("region eu on /v1/pay", URLSecrets("https://api.example.com/v1/pay?region=eu")...))
 }
 
 func TestOrdinaryTextIsLeftAlone(t *testing.T) {

@@ -134,7 +134,7 @@ func heldBack(rows []*row, idx []int, results []result) error {
 // goes into the row's last_error and the relay's log: it quotes the URL with
 // its credentials masked, and the start of the response's body as valid
 // text, with the values of the destination's headers and of those the
-// request hook set masked.
+// request hook set masked, and the URL's credentials (redact.URLSecrets).
 //
 // A request hook that fails, or does not return within the request's
 // timeout, is no answer of the destination's: the row is skipped, no
@@ -156,7 +156,9 @@ func (s *httpSender) send(ctx context.Context, d Destination, w *row) result {
 		req.Header.Set("X-Idem-Type", w.typ)
 	}
 	req.Header.Set("X-Idem-Event-Id", w.eventID)
-	secrets := headerValues(d.Header)
+	// What the answer must not quote: the header values, and the URL's
+	// credentials (an API may echo the request's ?access_token=…).
+	secrets := append(headerValues(d.Header), redact.URLSecrets(d.URL)...)
 	if d.Request != nil {
 		set, err := s.runHook(ctx, d.Request, req)
 		secrets = append(secrets, set...)
@@ -168,6 +170,7 @@ func (s *httpSender) send(ctx context.Context, d Destination, w *row) result {
 			// Logged and shown by /readyz: masked, should it quote a header.
 			return result{skipped: true, held: fmt.Errorf("the request hook: %s", redact.Values(err.Error(), secrets...))}
 		}
+		secrets = append(secrets, redact.URLSecrets(req.URL.String())...) // a hook may sign the URL
 	}
 	resp, err := s.client.Do(req)
 	if err != nil && ctx.Err() != nil {
@@ -241,7 +244,8 @@ const snippetLen = 200
 // readSnippet reads the start of a response's body for its error, as text
 // a Postgres text column takes: valid UTF-8 (the cut may fall inside a
 // character; a binary body is not text) and without NUL bytes. secrets
-// (the request's header values a destination or its hook set) are masked
+// (the request's header values a destination or its hook set, and its
+// URL's credentials) are masked
 // (an answer may quote the token it refused), even one the cut falls
 // inside; redact.Values leaves a value shorter than 4 bytes, too short to
 // be a credential, where masking it would garble ordinary words.

@@ -2,7 +2,9 @@ package relay
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -52,6 +54,29 @@ func TestAFailedRequestsErrorMasksTheURLsCredentials(t *testing.T) {
 	require.Contains(t, res.err.Error(), "/v1/pay?region=eu&access_token="+redact.Mask)
 	require.NotContains(t, d.String(), secret)
 	require.Contains(t, d.String(), "region=eu")
+}
+
+// TestAnAnswerQuotingTheURLsCredentialsIsMasked: an API that quotes the
+// request back in its error (the URL's ?access_token=…, the user name that
+// holds a token, the Authorization net/http made of it) reaches the row's
+// last_error and the relay's log with none of them.
+func TestAnAnswerQuotingTheURLsCredentialsIsMasked(t *testing.T) {
+	const token, user = "Zq7sentinelTOKEN", "Zq7sentinelUSER"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name, _, _ := r.BasicAuth()
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprintf(w, "%s %s: no key %s, token %s (%s)", r.Method, r.URL.RequestURI(), name, r.URL.Query().Get("access_token"), r.Header.Get("Authorization"))
+	}))
+	defer srv.Close()
+	u := strings.Replace(srv.URL, "://", "://"+user+"@", 1) + "/v1/pay?region=eu&access_token=" + token
+	res := newHTTPSender(5*time.Second, 0).send(context.Background(), Destination{Kind: HTTP, URL: u}, &row{scope: "pay", eventID: "e1", ctype: "application/json"})
+	require.Error(t, res.err)
+	require.True(t, res.final)
+	msg := res.err.Error()
+	require.NotContains(t, msg, token)
+	require.NotContains(t, msg, user)
+	require.NotContains(t, msg, base64.StdEncoding.EncodeToString([]byte(user+":")))
+	require.Equal(t, "http 401: POST /v1/pay?region=eu&access_token="+redact.Mask+": no key "+redact.Mask+", token "+redact.Mask+" ("+redact.Mask+")", msg)
 }
 
 // TestAnHTTPDestinationsHeadersAreSentAndIdemsOwnWin: a destination's

@@ -32,9 +32,10 @@ type Destination struct {
 	Exchange, RoutingKey string
 	// URL is an http or https endpoint: each message is POSTed to it with
 	// its ID as the Idempotency-Key header. Basic auth in the URL
-	// (https://user:password@host/…) works; its password, and query
-	// parameters that name a credential (?access_token=…), are masked in
-	// every log line and stored error.
+	// (https://user:password@host/…, or https://<token>@host/…) works;
+	// its password or token, and query parameters that name a credential
+	// (?access_token=…), are masked in every log line and stored error,
+	// quoted in an answer's body included.
 	URL string
 	// Header is added to each request to URL (an Authorization bearer
 	// token, an API key). It may not name a header idem sets
