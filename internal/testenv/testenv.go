@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -154,9 +155,13 @@ func Queue(t testing.TB, amqpURL string) string {
 }
 
 // QueueDepth returns the ready messages in queue, or -1 if it does not exist.
+// Tests poll it, every 10 to 50 ms: it asks over one connection per test
+// and broker (an Inspector, reopened after an error and closed at the end of
+// the test), not over a connection per look, each of which costs the broker
+// a few milliseconds of CPU.
 func QueueDepth(t testing.TB, amqpURL, queue string) int {
 	t.Helper()
-	n, err := sandbox.ReadyMessages(amqpURL, queue)
+	n, err := inspector(t, amqpURL).Ready(queue)
 	if errors.Is(err, sandbox.ErrNoQueue) {
 		return -1
 	}
@@ -164,4 +169,29 @@ func QueueDepth(t testing.TB, amqpURL, queue string) int {
 		t.Fatalf("testenv: %v", err)
 	}
 	return n
+}
+
+type inspectorKey struct {
+	t       testing.TB
+	amqpURL string
+}
+
+// inspectors holds each test's Inspectors, by test and broker URL.
+var inspectors sync.Map
+
+// inspector returns t's Inspector for amqpURL, opened on first use and
+// closed at the end of t.
+func inspector(t testing.TB, amqpURL string) *sandbox.Inspector {
+	key := inspectorKey{t, amqpURL}
+	if in, ok := inspectors.Load(key); ok {
+		return in.(*sandbox.Inspector)
+	}
+	in, loaded := inspectors.LoadOrStore(key, sandbox.NewInspector(amqpURL))
+	if !loaded {
+		t.Cleanup(func() {
+			inspectors.Delete(key)
+			in.(*sandbox.Inspector).Close()
+		})
+	}
+	return in.(*sandbox.Inspector)
 }

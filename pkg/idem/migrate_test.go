@@ -52,6 +52,7 @@ func reviewStart(t *testing.T, cfg idem.Config) <-chan error {
 // pool) keeps that; `idem consume`, `idem relay` and Service.Run migrate
 // on bounded pools.
 func TestAMigrationLongerThanTheHandlerTimeoutRunsAtStart(t *testing.T) {
+	t.Parallel()
 	_, dbURL := testenv.Schema(t, testenv.Effects)
 	amqpURL := testenv.AMQPURL()
 	queue := testenv.Queue(t, amqpURL)
@@ -73,6 +74,7 @@ func TestAMigrationLongerThanTheHandlerTimeoutRunsAtStart(t *testing.T) {
 // ends that wait with 55P03, which pgerr.Wait takes as permanent: the
 // second instance's Run fails at start.
 func TestAFleetStartingTogetherWaitsForTheMigration(t *testing.T) {
+	t.Parallel()
 	_, dbURL := testenv.Schema(t, testenv.Effects)
 	amqpURL := testenv.AMQPURL()
 	queue := testenv.Queue(t, amqpURL)
@@ -98,6 +100,7 @@ func TestAFleetStartingTogetherWaitsForTheMigration(t *testing.T) {
 // plain "run idem migrate, or set Migrate", not with a missing table deep
 // in a start-up check.
 func TestForgottenMigrationsSayWhatToDo(t *testing.T) {
+	t.Parallel()
 	_, dbURL := testenv.EmptySchema(t)
 	errc := reviewStart(t, idem.Config{Scope: "pay", DatabaseURL: dbURL,
 		Consumer: consumer.Config{URL: testenv.AMQPURL(), Queue: testenv.Queue(t, testenv.AMQPURL())}})
@@ -115,6 +118,7 @@ func TestForgottenMigrationsSayWhatToDo(t *testing.T) {
 // stops at start naming the set, rather than consuming events whose
 // effects have no table to land in.
 func TestAServiceWhoseOwnMigrationsWereNotRunIsTold(t *testing.T) {
+	t.Parallel()
 	_, dbURL := testenv.Schema(t) // idem's tables only
 	errc := reviewStart(t, idem.Config{Scope: "pay", DatabaseURL: dbURL, Migrations: []migrations.Set{testenv.Effects},
 		Consumer: consumer.Config{URL: testenv.AMQPURL(), Queue: testenv.Queue(t, testenv.AMQPURL())}})

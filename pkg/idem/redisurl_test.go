@@ -22,6 +22,7 @@ import (
 // A Redis that is merely down still only costs a warning: the service
 // consumes on Postgres alone.
 func TestARedisDatabaseTheServerLacksIsRefusedAtStart(t *testing.T) {
+	t.Parallel()
 	_, dbURL := testenv.Schema(t, testenv.Effects)
 	u, err := url.Parse(testenv.RedisURL())
 	require.NoError(t, err)

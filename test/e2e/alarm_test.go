@@ -26,6 +26,7 @@ import (
 // It runs on a RabbitMQ node of its own, alone (not in parallel): the alarm
 // blocks every publisher of its node.
 func TestADeadLetterNeverBlocksTheAcks(t *testing.T) {
+	testenv.Shared(t) // before its node boots, not only in newEnv
 	mq, err := sandbox.StartRabbitCluster(1, 2*time.Minute)
 	if mq != nil {
 		t.Cleanup(mq.Remove)

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,18 +14,8 @@ import (
 
 	"github.com/idemhq/idem/internal/cli"
 	"github.com/idemhq/idem/internal/crashpoint"
+	"github.com/idemhq/idem/internal/testenv"
 )
-
-func exitCode(err error) int {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode()
-	}
-	if err != nil {
-		return -1
-	}
-	return 0
-}
 
 // TestVerifyCatchesDoublesAndLosses makes sure the check every other test
 // leans on can fail: a doubled ledger row and a lost one must each turn
@@ -47,7 +36,7 @@ func TestVerifyCatchesDoublesAndLosses(t *testing.T) {
 		SELECT event_id, user_id, amount FROM payments_ledger ORDER BY id LIMIT 1`)
 	require.NoError(t, err)
 	out, err = e.idem("verify", "--manifest", manifest)
-	require.Equal(t, 1, exitCode(err), out)
+	require.Equal(t, 1, testenv.ExitCode(err), out)
 	require.Regexp(t, `doubled\s+1`, out)
 	require.Contains(t, out, "FAIL")
 
@@ -57,14 +46,14 @@ func TestVerifyCatchesDoublesAndLosses(t *testing.T) {
 		require.NoError(t, err)
 	}
 	out, err = e.idem("verify", "--manifest", manifest)
-	require.Equal(t, 1, exitCode(err), out)
+	require.Equal(t, 1, testenv.ExitCode(err), out)
 	require.Regexp(t, `missing\s+1`, out)
 
 	_, err = e.pool.Exec(ctx, `UPDATE account_balances SET balance = balance + 1
 		WHERE user_id = (SELECT min(user_id) FROM account_balances)`)
 	require.NoError(t, err)
 	out, err = e.idem("verify", "--manifest", manifest)
-	require.Equal(t, 1, exitCode(err), out)
+	require.Equal(t, 1, testenv.ExitCode(err), out)
 	require.Regexp(t, `balance mismatches\s+1`, out)
 }
 
@@ -102,7 +91,7 @@ func TestCommandLineContract(t *testing.T) {
 		e.vars = append(append([]string{}, e.vars...), c.env...)
 		out, err := e.idem(c.args...)
 		e.vars = saved
-		require.Equal(t, c.code, exitCode(err), "idem %v: %s", c.args, out)
+		require.Equal(t, c.code, testenv.ExitCode(err), "idem %v: %s", c.args, out)
 		require.Contains(t, out, c.contains, "idem %v", c.args)
 	}
 }

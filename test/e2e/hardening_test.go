@@ -98,6 +98,7 @@ func TestNothingIsRetriedInPlaceForever(t *testing.T) {
 // the queue rather than held for ever; nothing is dead-lettered or lost.
 func TestPostgresOutageHoldsThenHandsBack(t *testing.T) {
 	t.Parallel()
+	testenv.Shared(t) // before its Postgres starts, not only in newEnv
 	pg := testenv.StartPostgres(t)
 	e := newEnvOn(t, "", "", pg.URL())
 	e.vars = append(e.vars, "IDEM_CONSUMER_STORE_HOLD=1s", "IDEM_CONSUMER_WORKERS=1", "IDEM_CONSUMER_PREFETCH=1", "IDEM_CONSUMER_BATCH_SIZE=1")

@@ -31,29 +31,7 @@ import (
 // (cmd/idem-lab): demo, chaos, lab, bench, and a consume crash points arm.
 var idemBin, labBin string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "idem-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	idemBin, labBin = filepath.Join(dir, "idem"), filepath.Join(dir, "idem-lab")
-	for bin, pkg := range map[string]string{idemBin: "cmd/idem", labBin: "cmd/idem-lab"} {
-		args := []string{"build", "-buildvcs=auto", "-o", bin}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		build := exec.Command("go", append(args, "github.com/idemhq/idem/"+pkg)...)
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "build", pkg+":", err)
-			os.Exit(1)
-		}
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.MainWithBinaries(m, raceEnabled, &idemBin, &labBin) }
 
 // env is one test's isolated slice of the services.
 type env struct {
@@ -82,6 +60,9 @@ func newEnv(t *testing.T, redisURL, amqpURL string) *env {
 // newEnvOn is newEnv with the schema on the Postgres server at databaseURL.
 func newEnvOn(t *testing.T, redisURL, amqpURL, databaseURL string) *env {
 	t.Helper()
+	// test/chaos runs beside this package; its cluster chaos run needs the
+	// machine to itself (testenv.Exclusive).
+	testenv.Shared(t)
 	if amqpURL == "" {
 		amqpURL = testenv.AMQPURL()
 	}
@@ -95,41 +76,16 @@ func newEnvOn(t *testing.T, redisURL, amqpURL, databaseURL string) *env {
 		_, p := testenv.Redis(t) // deletes the prefix's keys at the end
 		redisURL, prefix = testenv.RedisURL(), p
 	}
-	e.vars = []string{
-		"DATABASE_URL=" + dbURL,
-		"AMQP_URL=" + amqpURL,
-		"REDIS_URL=" + redisURL,
-		"IDEM_QUEUE=" + e.queue,
-		"IDEM_REDIS_PREFIX=" + prefix,
-		"IDEM_CONSUMER_PREFETCH=32",
-		"IDEM_CONSUMER_WORKERS=4",
-		"IDEM_CONSUMER_BATCH_SIZE=16",
-		"IDEM_CONSUMER_RETRY_BACKOFF_MIN=20ms",
-		"IDEM_CONSUMER_RETRY_BACKOFF_MAX=200ms",
-		"IDEM_CONSUMER_DRAIN_TIMEOUT=10s",
-		"IDEM_REDIS_BREAKER_OPEN_TIMEOUT=300ms",
-		"IDEM_POSTGRES_MAX_CONNS=12",
-	}
+	e.vars = testenv.ConsumerVars(dbURL, amqpURL, redisURL, e.queue, prefix)
 	t.Cleanup(func() {
 		for _, p := range e.procs {
 			p.Kill()
 		}
 		if t.Failed() {
-			e.dumpLogs()
+			testenv.DumpLogs(t, e.procs)
 		}
 	})
 	return e
-}
-
-func (e *env) dumpLogs() {
-	for _, p := range e.procs {
-		b, _ := os.ReadFile(p.LogPath)
-		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-		if len(lines) > 40 {
-			lines = lines[len(lines)-40:]
-		}
-		e.t.Logf("--- last lines of %s:\n%s", p.Name, strings.Join(lines, "\n"))
-	}
 }
 
 // idem runs an idem subcommand to completion and returns its output.
@@ -183,7 +139,7 @@ func (e *env) run(extraEnv []string, args ...string) result {
 	cmd, out := e.command(ctx, extraEnv, args...)
 	err := cmd.Run()
 	require.NoError(e.t, ctx.Err(), "idem %v did not end by itself:\n%s", args, out.String())
-	return result{code: exitCode(err), out: out.String()}
+	return result{code: testenv.ExitCode(err), out: out.String()}
 }
 
 // publish sends count events plus dupRatio re-sends and returns the manifest.
@@ -224,17 +180,7 @@ func (e *env) waitKilled(p *fleet.Proc, step string) {
 }
 
 // waitConsuming waits until p logged that it consumes, or exited.
-func (e *env) waitConsuming(p *fleet.Proc) {
-	e.t.Helper()
-	require.Eventually(e.t, func() bool {
-		select {
-		case <-p.Done():
-			return true
-		default:
-		}
-		return p.LogContains("msg=consuming")
-	}, 60*time.Second, 10*time.Millisecond, "%s never started consuming", p.Name)
-}
+func (e *env) waitConsuming(p *fleet.Proc) { e.t.Helper(); testenv.WaitConsuming(e.t, p) }
 
 // waitApplied waits until every manifest event has a ledger row.
 func (e *env) waitApplied(m loadgen.Manifest) verify.Report {

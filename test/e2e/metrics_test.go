@@ -315,6 +315,7 @@ func dashboardMetrics(t *testing.T) []string {
 // Postgres returns.
 func TestReadyzFollowsPostgres(t *testing.T) {
 	t.Parallel()
+	testenv.Shared(t) // before its Postgres starts, not only in newEnv
 	pg := testenv.StartPostgres(t)
 	e := newEnvOn(t, "", "", pg.URL())
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))

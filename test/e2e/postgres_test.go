@@ -14,6 +14,7 @@ import (
 // retry in place, dead-letter nothing, and end with every event applied once.
 func TestPostgresDownNothingAckedNothingLost(t *testing.T) {
 	t.Parallel()
+	testenv.Shared(t) // before its Postgres starts, not only in newEnv
 	pg := testenv.StartPostgres(t)
 	e := newEnvOn(t, "", "", pg.URL())
 	e.consume("c0")

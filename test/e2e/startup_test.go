@@ -80,6 +80,7 @@ func TestStartupSaysWhatIsWrongAndStops(t *testing.T) {
 // database; the consumer waits, saying so, and consumes once it is up.
 func TestConsumerWaitsForAPostgresThatIsNotUpYet(t *testing.T) {
 	t.Parallel()
+	testenv.Shared(t) // before its Postgres starts, not only in newEnv
 	pg := testenv.StartPostgres(t)
 	e := newEnvOn(t, "", "", pg.URL())
 	pg.Stop()

@@ -1,4 +1,4 @@
-package e2e
+package chaos
 
 import (
 	"encoding/json"
@@ -19,8 +19,11 @@ import (
 // every re-sent event; a Redis claim before processing loses the event
 // whose worker died after the claim, and doubles once Redis forgets; the
 // unique constraint and idem never double or lose, in any pass.
+//
+// Not parallel: it runs worker fleets of its own, with a Redis of its own
+// killed under them, for each approach and pass; it takes its turn among
+// the chaos runs rather than running beside TestChaosCI.
 func TestLabShowsEachFailureMode(t *testing.T) {
-	t.Parallel()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "lab.json")
 	const events, seed = 600, 3

@@ -1,4 +1,4 @@
-package e2e
+package chaos
 
 import (
 	"encoding/json"
@@ -46,6 +46,45 @@ func runChaos(t *testing.T, args ...string) (chaos.Result, string) {
 	return res, dir
 }
 
+// TestChaosClusterCI runs `idem-lab chaos --cluster`: the fleet on a Redis
+// Cluster, a three-node RabbitMQ cluster with four partition queues and two
+// PostgreSQL shards, all the run's own, for 40 seconds of stream, with the
+// faults a distributed deployment adds (a Redis master killed, the node
+// leading a partition queue killed, a shard restarted, sessions terminated)
+// and consumers killed at every crash point. The other kinds hit one Redis
+// node as they hit the one-node run; TestChaosCI covers them.
+//
+// Not parallel, for the same reason as TestFleetOnClusters, and kept apart
+// from test/e2e's tests, which wait while it runs (testenv.Exclusive):
+// beside TestFleetOnClusters or test/e2e's fleets on two cores, no consumer
+// of the killed node was seen to reconnect, or no breaker to open. It and
+// TestChaosCI are the package's first tests, so that go test runs them
+// beside the last of the other packages (pkg/idem, whose tests mostly
+// wait) rather than beside test/e2e, which starts after those.
+func TestChaosClusterCI(t *testing.T) {
+	testenv.Exclusive(t)
+	res, dir := runChaos(t, "--cluster", "--duration", "40s", "--rate", "150", "--consumers", "3",
+		"--faults", "consumer-kill,crash-point,redis-kill,rabbit-kill,pg-restart,pg-terminate")
+	require.Equal(t, 2, res.Verify.Shards)
+	require.Zero(t, res.Verify.Misrouted)
+	counts := res.FaultCounts()
+	for _, k := range []chaos.Kind{chaos.RedisKill, chaos.RabbitKill, chaos.PGRestart, chaos.PGTerminate, chaos.CrashPoint} {
+		require.Positive(t, counts[k], "fault %s never injected", k)
+	}
+	require.Positive(t, res.Breaker["closed->open"], "the master's loss must have opened a breaker")
+	// Both fleets dial the nodes in turn (a slot each), so that the killed
+	// node has consumers of each; one of them may be restarting at that
+	// moment, not all.
+	// A consumer SIGKILLed within a second of its reconnect (the run kills
+	// them at every crash point) takes that count with it: its log keeps
+	// the line.
+	reconnects := res.Outcomes["count/"+wire.CounterReconnect] + res.HopOutcomes["count/"+wire.CounterReconnect]
+	if reconnects == 0 {
+		reconnects = int64(logLines(t, dir, "amqp session ended, reconnecting"))
+	}
+	require.Positive(t, reconnects, "the killed node's consumers must reconnect")
+}
+
 // TestChaosCI runs `idem-lab chaos` with the CI scenario: 4 consumers, 40
 // seconds of stream with a quarter re-sent, and every fault kind at least
 // once but pg-failover (TestChaosSyncStandbyCI), each crash point
@@ -53,8 +92,12 @@ func runChaos(t *testing.T, args ...string) (chaos.Result, string) {
 // that every fault really happened.
 //
 // IDEM_CHAOS_SEED replays a seed; the seed in use is logged.
+//
+// Not parallel, and kept apart from test/e2e's tests as TestChaosClusterCI
+// is (testenv.Exclusive): short of CPU, some armed consumers made too few
+// passes to reach their crash points in 40 s.
 func TestChaosCI(t *testing.T) {
-	t.Parallel()
+	testenv.Exclusive(t)
 	// Every kind but pg-failover, which TestChaosSyncStandbyCI runs: its
 	// ten seconds without a database, on two cores, left some armed
 	// consumers too few passes to reach their crash points in 40 s.
@@ -145,38 +188,6 @@ func TestChaosAsyncStandbyCI(t *testing.T) {
 	require.Positive(t, res.Outcomes["duplicate_postgres"]+res.Outcomes["duplicate_redis"], "the re-sends that were not lost are dropped")
 	require.Zero(t, res.Verify.Doubled)
 	require.Equal(t, res.Distinct, res.Hop.Distinct, "every payment has its receipt")
-}
-
-// TestChaosClusterCI runs `idem-lab chaos --cluster`: the fleet on a Redis
-// Cluster, a three-node RabbitMQ cluster with four partition queues and two
-// PostgreSQL shards, all the run's own, for 40 seconds of stream, with the
-// faults a distributed deployment adds (a Redis master killed, the node
-// leading a partition queue killed, a shard restarted, sessions terminated)
-// and consumers killed at every crash point. The other kinds hit one Redis
-// node as they hit the one-node run; TestChaosCI covers them.
-//
-// Not parallel, for the same reason as TestFleetOnClusters.
-func TestChaosClusterCI(t *testing.T) {
-	res, dir := runChaos(t, "--cluster", "--duration", "40s", "--rate", "150", "--consumers", "3",
-		"--faults", "consumer-kill,crash-point,redis-kill,rabbit-kill,pg-restart,pg-terminate")
-	require.Equal(t, 2, res.Verify.Shards)
-	require.Zero(t, res.Verify.Misrouted)
-	counts := res.FaultCounts()
-	for _, k := range []chaos.Kind{chaos.RedisKill, chaos.RabbitKill, chaos.PGRestart, chaos.PGTerminate, chaos.CrashPoint} {
-		require.Positive(t, counts[k], "fault %s never injected", k)
-	}
-	require.Positive(t, res.Breaker["closed->open"], "the master's loss must have opened a breaker")
-	// Both fleets dial the nodes in turn (a slot each), so that the killed
-	// node has consumers of each; one of them may be restarting at that
-	// moment, not all.
-	// A consumer SIGKILLed within a second of its reconnect (the run kills
-	// them at every crash point) takes that count with it: its log keeps
-	// the line.
-	reconnects := res.Outcomes["count/"+wire.CounterReconnect] + res.HopOutcomes["count/"+wire.CounterReconnect]
-	if reconnects == 0 {
-		reconnects = int64(logLines(t, dir, "amqp session ended, reconnecting"))
-	}
-	require.Positive(t, reconnects, "the killed node's consumers must reconnect")
 }
 
 // logLines counts the lines holding s in the logs under dir.
