@@ -12,18 +12,21 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idemhq/idem/internal/pgerr"
 )
 
 // LockKey is the advisory lock every guard transaction takes shared at
-// BEGIN (pgtier.Store.Begin) and Prune takes exclusively after recording a
-// cut: when Prune holds it, no claim that read the old horizon still runs.
+// BEGIN (pgtier.Store.Begin), so that Prune can tell, after recording a
+// cut, which transactions may have read the old horizon: it waits for
+// those that hold it then (barrier).
 // Its two keys are 'idem' as a 32-bit integer and the schema that holds
 // idem's tables (the first of the search_path), so that services in two
 // schemas of one database do not wait for each other. Two keys, so it can
 // never meet a one-key lock of the migrations.
 const LockKey = `1768187245, hashtext(current_schema())`
+
+// lockKeyOIDs is LockKey as pg_locks shows a two-key advisory lock: its
+// keys in classid and objid (objsubid 2).
+const lockKeyOIDs = `1768187245::oid, hashtext(current_schema())::oid`
 
 // Record is the database's record of the replay horizon (idem_horizon).
 type Record struct {
@@ -150,38 +153,40 @@ func Prune(ctx context.Context, db *pgxpool.Pool, cfg PruneConfig) (int64, time.
 	}
 }
 
-// barrierWait bounds each of the barrier's requests for the exclusive
-// lock. PostgreSQL grants a lock's requests in order, so while one waits,
-// every guard transaction's BEGIN (which takes the lock shared) queues
-// behind it: the wait is kept to a small part of the lock_timeout claims
-// run with (half a handler timeout, a second or more in practice), so that
-// no claim fails for prune's sake.
-const barrierWait = 100 * time.Millisecond
+// barrierPoll is how often barrier looks again for the transactions it
+// waits for.
+const barrierPoll = 20 * time.Millisecond
 
 // barrier returns once every guard transaction that held the horizon lock
-// shared when it was called has ended: the exclusive lock is granted only
-// then. A request that waited barrierWait gives the queued claims their
-// turn and asks again after a pause, until ctx ends.
+// shared when it was called has ended. Called after the cut is recorded,
+// that is every claim whose statement may have read the old horizon: a
+// transaction that takes the lock later runs its claim later, and reads
+// the new cut. It lists the holders' virtual transaction IDs once and
+// waits for each to end, asking for no lock itself: an exclusive request
+// would queue every later BEGIN behind it (PostgreSQL grants a lock's
+// requests in order), so that claims failed at their lock_timeout for a
+// prune's sake, and a bounded one could starve under claims that overlap.
 func barrier(ctx context.Context, db *pgxpool.Pool) error {
-	pause := barrierWait
-	for {
-		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, barrierWait.Milliseconds())); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+LockKey+`)`)
-			return err
-		})
-		if pgerr.SQLState(err) != pgerr.LockNotAvailable {
-			return err
-		}
+	var holders []string
+	err := db.QueryRow(ctx, `SELECT coalesce(array_agg(virtualtransaction), '{}') FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()
+			AND (classid, objid, objsubid) = (`+lockKeyOIDs+`, 2)`).Scan(&holders)
+	if err != nil {
+		return err
+	}
+	for len(holders) > 0 {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(pause):
+		case <-time.After(barrierPoll):
 		}
-		pause = min(2*pause, 2*time.Second)
+		err := db.QueryRow(ctx, `SELECT coalesce(array_agg(virtualxid), '{}') FROM pg_locks
+			WHERE locktype = 'virtualxid' AND virtualxid = ANY($1)`, holders).Scan(&holders)
+		if err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
 // Reset sets the recorded retention to retention, for an operator who

@@ -40,12 +40,8 @@ func IsTransient(err error) bool {
 		case "40001", "40P01", // serialization_failure, deadlock_detected
 			LockNotAvailable,          // lock_timeout: a lock another session holds, for now
 			"57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
-			"53300",             // too_many_connections
-			ReadOnlyTransaction: // a standby or a demoted primary, until the pool reaches the new one
+			"53300": // too_many_connections
 			return true
-		case "55000": // object_not_in_prerequisite_state
-			// "recovery is in progress": a WAL function on a standby.
-			return strings.Contains(pgErr.Message, "recovery")
 		}
 		return false
 	}
@@ -74,11 +70,6 @@ const UndefinedTable = "42P01"
 // InsufficientPrivilege is the SQLSTATE of a statement the role may not
 // run (CREATE on a schema it lacks the privilege on, say).
 const InsufficientPrivilege = "42501"
-
-// ReadOnlyTransaction is the SQLSTATE of a write on a server in
-// recovery: a hot standby, or a primary demoted by a failover, reached by
-// a pool that has not yet moved to the new primary.
-const ReadOnlyTransaction = "25006"
 
 // LockNotAvailable is the SQLSTATE of a statement that waited
 // lock_timeout for a lock another session holds.

@@ -20,22 +20,19 @@ func TestIsTransientOnlyForAnUnreachableServer(t *testing.T) {
 		err  error
 		want bool
 	}{
-		"connection reset":            {&net.OpError{Op: "read", Err: errors.New("connection reset by peer")}, true},
-		"unexpected EOF":              {fmt.Errorf("commit: %w", io.ErrUnexpectedEOF), true},
-		"admin shutdown":              {pg("57P01"), true},
-		"serialization failure":       {pg("40001"), true},
-		"connection failure":          {pg("08006"), true},
-		"too many connections":        {pg("53300"), true},
-		"a write on a standby":        {pg("25006"), true},
-		"a WAL function on a standby": {&pgconn.PgError{Code: "55000", Message: "recovery is in progress"}, true},
-		"another 55000":               {&pgconn.PgError{Code: "55000", Message: "cannot refresh materialized view concurrently"}, false},
-		"deadline":                    {fmt.Errorf("query: %w", context.DeadlineExceeded), false},
-		"canceled":                    {context.Canceled, false},
-		"commit rolled back":          {pgx.ErrTxCommitRollback, false},
-		"deferred unique at commit":   {pg("23505"), false},
-		"overflow":                    {pg("22003"), false},
-		"raised exception":            {pg("P0001"), false},
-		"undefined table":             {pg("42P01"), false},
+		"connection reset":          {&net.OpError{Op: "read", Err: errors.New("connection reset by peer")}, true},
+		"unexpected EOF":            {fmt.Errorf("commit: %w", io.ErrUnexpectedEOF), true},
+		"admin shutdown":            {pg("57P01"), true},
+		"serialization failure":     {pg("40001"), true},
+		"connection failure":        {pg("08006"), true},
+		"too many connections":      {pg("53300"), true},
+		"deadline":                  {fmt.Errorf("query: %w", context.DeadlineExceeded), false},
+		"canceled":                  {context.Canceled, false},
+		"commit rolled back":        {pgx.ErrTxCommitRollback, false},
+		"deferred unique at commit": {pg("23505"), false},
+		"overflow":                  {pg("22003"), false},
+		"raised exception":          {pg("P0001"), false},
+		"undefined table":           {pg("42P01"), false},
 	} {
 		require.Equal(t, c.want, IsTransient(c.err), name)
 	}

@@ -80,7 +80,6 @@ func (w *worker[T]) handleScreened(ctx context.Context, items []item[T], h *hold
 	}
 	attempt := deliveryCount(items[0].d) + 1 // a lone event's
 	for wait := 1; ; wait++ {
-		started := w.c.kill.now()
 		actx, cancel := context.WithTimeout(ctx, cfg.HandlerTimeout)
 		var res []guard.Result
 		var err error
@@ -128,14 +127,14 @@ func (w *worker[T]) handleScreened(ctx context.Context, items []item[T], h *hold
 			w.deadLetter(ctx, it, reason, err)
 			return
 		}
-		suspect := false
-		id := it.ev.ID
-		if reason == wire.ReasonHandlerTimeout {
-			id = w.c.kill.hangOf(id, started)
-		}
+		// A wait on a lock another transaction holds is not the event's
+		// failure: it is never dead-lettered for its attempts (suspect),
+		// and counts for the switch only once the lock outlasted what any
+		// of this consumer's events can hold it (waitOutlasts).
+		suspect := waited(err) && !cfg.KillSwitch.Off
 		kill := killNone
-		if !waited(err) {
-			kill = w.c.kill.failed(id, failureClass(reason, err), truncate(err.Error(), maxErrorHeader))
+		if !waited(err) || w.c.kill.waitOutlasts(it.ev.ID, cfg.HandlerTimeout) {
+			kill = w.c.kill.failed(it.ev.ID, failureClass(reason, err), truncate(err.Error(), maxErrorHeader))
 		}
 		switch kill {
 		case killOpen:
@@ -149,11 +148,11 @@ func (w *worker[T]) handleScreened(ctx context.Context, items []item[T], h *hold
 		}
 		switch {
 		case attempt >= cfg.DeliveryLimit && suspect && attempt < cfg.BrokerDeliveryLimit:
-			// Other events fail the same way: the switch may be about to
-			// trip, and this event is likely as innocent as they are. It
-			// goes on being retried instead of dead-lettered, up to the
-			// broker's own limit.
-			cfg.Logger.Warn("attempts exhausted, but other events fail the same way: retried until the kill switch decides",
+			// Other events fail the same way (the switch may be about to
+			// trip), or this one waited on another's lock: it is likely
+			// innocent. It goes on being retried instead of
+			// dead-lettered, up to the broker's own limit.
+			cfg.Logger.Warn("attempts exhausted, but other events fail the same way or it waited on another's lock: retried until the kill switch decides",
 				"event_id", it.ev.ID, "reason", reason, "attempt", attempt, "err", err, "delivery_limit", cfg.DeliveryLimit)
 		case attempt >= cfg.DeliveryLimit:
 			cfg.Logger.Error("attempts exhausted, dead-lettering", "event_id", it.ev.ID, "reason", reason, "attempt", attempt, "err", err, "delivery_limit", cfg.DeliveryLimit)

@@ -38,16 +38,16 @@ var defaultProbeBackoff = Backoff{Min: 10 * time.Second, Max: 5 * time.Minute}
 // Only an event's own failure that may be the deploy's counts: a handler
 // or store error retried with backoff (handler_failed, store_failed,
 // commit_failed, handler_timeout), by class: its SQLSTATE when PostgreSQL
-// gave one (42P01 for a missing table), else its reason. A wait never
-// counts: a statement cancelled by lock_timeout (55P03: a row another
-// transaction holds, a prune's request for the horizon lock), a guard
-// statement that ran out of time, or a handler that ran out of time while
-// its store did not answer (held as the store unreachable, as a Postgres
-// outage is). Attempts that ran out of time together count as one event,
-// the first of them to time out (hangOf): one hung event counts once
-// however many wait behind it. A message the consumer rejects for what it
-// is (undecodable, a payload conflict, a data or integrity error, outside
-// the horizon, Reject) is poison and never counts; it counts only among
+// gave one (42P01 for a missing table), else its reason. A wait does not:
+// BEGIN or the claim cancelled by lock_timeout (55P03), a guard statement
+// that ran out of time, a handler that ran out of time while its store did
+// not answer (each held as the store unreachable, as a Postgres outage
+// is); a handler's statement cancelled by lock_timeout on a row another
+// transaction holds counts only once such waits have lasted a handler
+// timeout (waitOutlasts), and is never dead-lettered for its attempts. A
+// message the consumer rejects for what it is (undecodable, a payload
+// conflict, a data or integrity error, outside the horizon, Reject) is
+// poison and never counts; it counts only among
 // the events settled. The switch trips when at least Threshold
 // distinct events failed with one class in a streak (each failure of the
 // class within Window of the one before it, however long it lasts: with
@@ -135,19 +135,17 @@ func (k *KillSwitch) validate() error {
 // of other events: its SQLSTATE when PostgreSQL gave one, else its reason. A
 // timeout is a timeout whatever the server said of the cancelled statement.
 func failureClass(reason string, err error) string {
-	if reason != wire.ReasonHandlerTimeout {
-		if code := pgerr.SQLState(err); code != "" {
-			return code
-		}
+	code := pgerr.SQLState(err)
+	if code == pgerr.LockNotAvailable || code != "" && reason != wire.ReasonHandlerTimeout {
+		return code
 	}
 	return reason
 }
 
 // waited reports a failed attempt that waited on another transaction: a
-// statement cancelled by lock_timeout on a row that transaction holds (a
-// poison event hung holding it, a report, a migration). The attempt is
-// spent, as a handler's that runs out of time, but it says nothing of the
-// deploy: it never counts for the switch.
+// handler's statement cancelled by lock_timeout on a row that transaction
+// holds (a poison event hung holding it, a report, a migration). See
+// killSwitch.waitOutlasts.
 func waited(err error) bool {
 	return pgerr.SQLState(err) == pgerr.LockNotAvailable
 }
@@ -195,13 +193,17 @@ type killSwitch struct {
 	// next failure trips the switch again at once.
 	armed      string
 	armedUntil time.Time
-	// hang is the latest group of attempts that ran out of time
-	// together: the event that timed out first, and when.
-	hang struct {
-		id string
-		at time.Time
+	// wait is the current spell of lock waits (waited): when its first
+	// and its last wait failed, and the events that waited in it (at most
+	// maxWaiters).
+	wait struct {
+		since, last time.Time
+		waiters     map[string]bool
 	}
 }
+
+// maxWaiters bounds the events a wait spell remembers.
+const maxWaiters = 1024
 
 type streak struct {
 	ids  map[string]bool
@@ -286,22 +288,28 @@ func (k *killSwitch) failed(id, class, sample string) killVerdict {
 	return killNone
 }
 
-// hangOf names the hang an attempt begun at started that ran out of time
-// belongs to. Attempts that were all running when the first of them ran
-// out of time most likely waited on one thing (a row a hung event holds,
-// with no lock_timeout; a downstream that stopped answering): they count
-// for the switch as one event, the one that timed out first, so that one
-// hang among good events trips nothing however many wait behind it. An
-// attempt begun after that starts a hang of its own: a deploy whose every
-// event hangs still counts a distinct event each HandlerTimeout.
-func (k *killSwitch) hangOf(id string, started time.Time) string {
+// waitOutlasts records that the event id failed waiting on a lock another
+// transaction holds (waited), and reports whether the spell of such waits
+// has lasted handlerTimeout: only then does the wait count for the switch.
+// A lock one of the consumer's own events holds (a poison event hung on a
+// hot row) is let go within a handler timeout, when that event's attempt
+// ends, and an event that waited behind it is then processed, which ends
+// the spell. A lock held longer is no event's: a deploy's migration, a
+// handler waiting on its own transaction through another connection. The
+// switch must see it, or the stream is dead-lettered behind it.
+func (k *killSwitch) waitOutlasts(id string, handlerTimeout time.Duration) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.hang.id != "" && started.Before(k.hang.at) {
-		return k.hang.id
+	now := k.now()
+	w := &k.wait
+	if w.waiters == nil || now.Sub(w.last) > handlerTimeout {
+		w.since, w.waiters = now, map[string]bool{}
 	}
-	k.hang.id, k.hang.at = id, k.now()
-	return id
+	w.last = now
+	if len(w.waiters) < maxWaiters {
+		w.waiters[id] = true
+	}
+	return now.Sub(w.since) >= handlerTimeout
 }
 
 // disarm forgets the class the switch last tripped on once its Window
@@ -358,6 +366,9 @@ func (k *killSwitch) settle(id string, o guard.Outcome) bool {
 		}
 		k.close(now, "a probe was processed")
 		return true
+	}
+	if o == guard.OutcomeProcessed && k.wait.waiters[id] {
+		k.wait.waiters = nil // an event that waited got its row: the spell is over
 	}
 	k.disarm(now)
 	k.prune(now)

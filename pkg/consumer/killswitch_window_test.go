@@ -176,47 +176,6 @@ func TestAProbeThatMeetsNoFailureResumes(t *testing.T) {
 	require.NotEmpty(t, why)
 }
 
-// TestAHangCountsOnce: attempts that all ran when the first of them ran
-// out of time count for the switch as that one event. A poison event that
-// hangs holding a row, with the good events behind it timing out too (no
-// lock_timeout), is one event however often it is retried and however
-// many wait on it: the switch never trips. A deploy whose every event
-// hangs still counts a distinct event per round of timeouts, and trips.
-func TestAHangCountsOnce(t *testing.T) {
-	const timeout = 2 * time.Second
-	k, now, tc := testSwitch(KillSwitch{})
-	for round := range 6 {
-		start := *now
-		// The poison starts first; six good events queue behind it.
-		*now = start.Add(timeout)
-		require.Equal(t, killNone, k.failed(k.hangOf("poison", start), "handler_timeout", "hang"), "round %d", round)
-		for i := range 6 {
-			began := start.Add(time.Duration(i+1) * 10 * time.Millisecond)
-			*now = began.Add(timeout)
-			id := k.hangOf(fmt.Sprintf("good_%d_%d", round, i), began)
-			require.Equal(t, "poison", id, "round %d: waited on the poison's hang", round)
-			require.Equal(t, killNone, k.failed(id, "handler_timeout", "hang"))
-		}
-		*now = now.Add(50 * time.Millisecond)
-	}
-	require.Zero(t, tc.trips, "one hung event tripped the switch")
-
-	// Every event hangs: each round of eight is one hang, of a new event.
-	k, now, tc = testSwitch(KillSwitch{})
-	var v killVerdict
-	for round := 0; round < 5; round++ {
-		start := *now
-		for i := range 8 {
-			began := start.Add(time.Duration(i) * time.Millisecond)
-			*now = began.Add(timeout)
-			v = k.failed(k.hangOf(fmt.Sprintf("e_%d_%d", round, i), began), "handler_timeout", "hang")
-		}
-		*now = now.Add(20 * time.Millisecond)
-	}
-	require.Equal(t, killOpen, v, "five rounds of hangs are five events")
-	require.Equal(t, 1, tc.trips)
-}
-
 // TestOneEventAtATimeTripsAtTheDefaults replays, on the switch's own
 // clock, what handle (batch.go) does with a broken deploy when the
 // consumer holds one failing event at a time (Prefetch 1, or KeyOrder's
@@ -295,4 +254,27 @@ func TestKillSwitchValidationNamesTheField(t *testing.T) {
 		cfg.KillSwitch.Off = true
 		require.NoError(t, cfg.validate(), "an Off switch's settings are not checked")
 	}
+}
+
+// TestALockWaitCountsOnceItOutlastsAnyEventsHold: waits on a lock another
+// transaction holds count for the switch only once their spell has lasted a
+// handler timeout, which no event of the consumer's own can hold a row for;
+// an event that waited and is then processed ends the spell, and so does a
+// handler timeout without a wait.
+func TestALockWaitCountsOnceItOutlastsAnyEventsHold(t *testing.T) {
+	const ht = 2 * time.Second
+	k, now, _ := testSwitch(KillSwitch{})
+	require.False(t, k.waitOutlasts("a", ht), "the first wait")
+	*now = now.Add(ht / 2)
+	require.False(t, k.waitOutlasts("b", ht), "within a handler timeout: a poison's hold, maybe")
+	require.False(t, k.settle("a", guard.OutcomeProcessed))
+	*now = now.Add(ht / 2)
+	require.False(t, k.waitOutlasts("c", ht), "a waiter got its row: a new spell")
+	*now = now.Add(ht / 2)
+	require.False(t, k.waitOutlasts("d", ht))
+	*now = now.Add(ht / 2)
+	require.True(t, k.waitOutlasts("e", ht), "a handler timeout of waits and no waiter through: no event of ours holds it")
+	require.True(t, k.waitOutlasts("f", ht))
+	*now = now.Add(ht + time.Millisecond)
+	require.False(t, k.waitOutlasts("g", ht), "a handler timeout without a wait: a new spell")
 }

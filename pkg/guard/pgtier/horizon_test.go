@@ -123,19 +123,22 @@ func TestPruneWaitsForClaimsBegunBeforeTheCut(t *testing.T) {
 		n, _, err := horizon.Prune(ctx, pool, horizon.PruneConfig{Retention: 24 * time.Hour, ClockSkew: time.Minute, Batch: 100})
 		done <- pruned{n, err}
 	}()
-	// Prune waits on the lock, its cut recorded and the row still there.
+	// Prune waits for the open claim, its cut recorded and the row still
+	// there.
+	var cut *time.Time
 	require.Eventually(t, func() bool {
-		var waiting bool
-		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-			WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = $1)`, cfg.ConnConfig.RuntimeParams["application_name"]).Scan(&waiting))
-		return waiting
-	}, 10*time.Second, 10*time.Millisecond, "prune did not wait for the open claim")
+		require.NoError(t, pool.QueryRow(ctx, `SELECT pruned_through FROM idem_horizon`).Scan(&cut))
+		return cut != nil
+	}, 10*time.Second, 10*time.Millisecond, "the cut is recorded before the wait")
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case p := <-done:
+		t.Fatalf("prune passed an open claim: %d rows, %v", p.n, p.err)
+	default:
+	}
 	var rows int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idem_processed`).Scan(&rows))
 	require.Equal(t, 1, rows, "prune deleted a row under an open claim")
-	var cut *time.Time
-	require.NoError(t, pool.QueryRow(ctx, `SELECT pruned_through FROM idem_horizon`).Scan(&cut))
-	require.NotNil(t, cut, "the cut is recorded before the wait")
 
 	require.NoError(t, open.Commit(ctx))
 	select {
@@ -235,12 +238,13 @@ func TestAnUntimedClaimWaitsForTheWriteInFlight(t *testing.T) {
 
 // TestAPruneWaitingOnALongClaimQueuesNoOtherClaim: a guard transaction
 // runs long (a handler near its timeout) while a prune waits for it at its
-// barrier. PostgreSQL queues every later request for the horizon lock
-// behind the prune's exclusive one, so before the barrier bounded its
-// requests every claim begun meanwhile waited on the long one and failed
-// at its lock_timeout (55P03): a prune during load failed healthy events
-// by the handful. Now each claim waits at most a moment, and the prune
-// still cuts once the long transaction ends.
+// barrier. The barrier was an exclusive request for the horizon lock, and
+// PostgreSQL queues every later request behind it, so every claim begun
+// meanwhile waited on the long one and failed at its lock_timeout (55P03):
+// a prune during load failed healthy events by the handful. Now the prune
+// waits for the transactions that held the lock when it recorded its cut
+// without asking for it: claims pass, and the prune cuts once the long
+// transaction ends, not before.
 func TestAPruneWaitingOnALongClaimQueuesNoOtherClaim(t *testing.T) {
 	t.Parallel()
 	pool, dbURL := testenv.Schema(t, testenv.Effects)
@@ -257,13 +261,13 @@ func TestAPruneWaitingOnALongClaimQueuesNoOtherClaim(t *testing.T) {
 		_, _, err := horizon.Prune(ctx, pool, horizon.PruneConfig{Retention: time.Hour, ClockSkew: time.Minute, Batch: 100})
 		pruned <- err
 	}()
-	// The prune's exclusive request is waiting on the long transaction.
-	require.Eventually(t, func() bool {
-		var waiting bool
-		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
-			WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND NOT granted)`).Scan(&waiting))
-		return waiting
-	}, 10*time.Second, time.Millisecond, "prune never asked for the horizon lock")
+	// The prune waits for the long transaction.
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case err := <-pruned:
+		t.Fatalf("prune passed its barrier while a transaction begun before the cut ran: %v", err)
+	default:
+	}
 
 	// Claims begun meanwhile, with the lock_timeout consumers run with
 	// at a 2 s handler timeout.
