@@ -26,13 +26,16 @@ func SplitURLs(s string) []string {
 }
 
 // Dial is DialContext without a context: each node's connect and
-// handshake are bounded by dialTimeout alone.
+// handshake are bounded by dialTimeout alone. For tests; anything that
+// runs until a context ends dials with DialContext, so that shutdown ends
+// a dial that a silent broker holds.
 func Dial(urls []string, start int, cfg amqp.Config) (*amqp.Connection, int, error) {
 	return DialContext(context.Background(), urls, start, cfg)
 }
 
 // DialContext connects to one of urls: urls[start % len(urls)] first, then
-// the others in turn, each within dialTimeout and ctx. It returns the
+// the others in turn, each within dialTimeout and ctx: ctx ending ends the
+// TCP connect or the AMQP handshake under way at once. It returns the
 // connection and the index of the URL that took it. If none does, the error
 // joins each URL's error, so that errors.Is and errors.As see why each
 // failed.
@@ -40,6 +43,9 @@ func Dial(urls []string, start int, cfg amqp.Config) (*amqp.Connection, int, err
 // Every connection has a bound on how long a silent peer can hold it: a
 // heartbeat (DefaultHeartbeat unless cfg sets one), WriteTimeout on every
 // write, and Close's bound on its close.
+//
+// A cfg.FrameSize above the broker's frame_max is how large a frame the
+// connection reads; it still writes within the broker's (see ReadFrameMax).
 func DialContext(ctx context.Context, urls []string, start int, cfg amqp.Config) (*amqp.Connection, int, error) {
 	if len(urls) == 0 {
 		return nil, 0, errors.New("no AMQP URL")
@@ -75,6 +81,7 @@ func dialOne(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection
 		return amqp.DialConfig(url, cfg)
 	}
 	var raw atomic.Pointer[net.Conn]
+	var wide *wideFrames // a FrameSize above the broker's is read (ReadFrameMax)
 	cfg.Dial = func(network, addr string) (net.Conn, error) {
 		d := net.Dialer{Timeout: dialTimeout}
 		c, err := d.DialContext(ctx, network, addr)
@@ -92,6 +99,14 @@ func dialOne(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection
 			return nil, err
 		}
 		raw.Store(&c)
+		if err := ctx.Err(); err != nil { // ended before the socket was stored
+			c.Close()
+			return nil, err
+		}
+		if cfg.FrameSize > 0 {
+			wide = &wideFrames{Conn: &writeBounded{Conn: c}, readMax: uint32(cfg.FrameSize)}
+			return wide, nil
+		}
 		return &writeBounded{Conn: c}, nil
 	}
 	// A context cancelled during the handshake ends it.
@@ -107,6 +122,9 @@ func dialOne(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection
 	}
 	if err != nil {
 		return nil, err
+	}
+	if wide != nil {
+		wide.settle(conn)
 	}
 	sockets.Store(conn, *raw.Load())
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))

@@ -22,6 +22,12 @@ const HeaderPublishID = "x-idem-publish-id"
 type Message struct {
 	Exchange, Key string
 	amqp.Publishing
+	// Keep, if set, lets Publish fit a message whose header frame would
+	// exceed the broker's frame_max: it drops the headers Keep refuses,
+	// largest first, until the frame fits, and names them in
+	// HeaderHeadersDropped (Result.Dropped). Unset, such a message is
+	// Invalid.
+	Keep func(header string) bool
 }
 
 // Outcome is how the broker answered one publish.
@@ -45,7 +51,9 @@ const (
 	// one of the publishes then in flight, not necessarily to this one.
 	Refused
 	// Invalid: the message cannot be encoded (a short string over 255
-	// bytes, a header the protocol cannot carry). It was not sent.
+	// bytes, a header the protocol cannot carry), or its header frame is
+	// larger than the broker's frame_max, which would close the
+	// connection. It was not sent.
 	Invalid
 )
 
@@ -58,6 +66,8 @@ func (o Outcome) String() string { return outcomeNames[o] }
 type Result struct {
 	Outcome Outcome
 	Err     error
+	// Dropped names the headers left out to fit the frame (Message.Keep).
+	Dropped []string
 }
 
 // Answered reports whether the broker (or the client, for Invalid) said
@@ -279,6 +289,12 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...Message) []Result {
 			pub.Headers[k] = v
 		}
 		pub.Headers[HeaderPublishID] = ids[i]
+		dropped, err := p.fitFrame(&pub, m.Keep)
+		if err != nil {
+			results[i] = Result{Outcome: Invalid, Err: err}
+			continue
+		}
+		results[i].Dropped = dropped
 		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, m.Exchange, m.Key, true, false, pub)
 		if err != nil {
 			sendErr = err
@@ -297,9 +313,33 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...Message) []Result {
 			results[i] = Result{Err: fmt.Errorf("no confirm: %w", ctx.Err())}
 			continue
 		}
+		dropped := results[i].Dropped
 		results[i] = p.answer(ctx, dc.Acked(), ids[i])
+		results[i].Dropped = dropped
 	}
 	return results
+}
+
+// FrameMax is the largest frame the broker takes on the publisher's
+// connection, in bytes: the frame_max negotiated at its handshake (0: no
+// limit).
+func (p *Publisher) FrameMax() int { return p.conn.Config.FrameSize }
+
+// fitFrame refuses pub if its header frame exceeds FrameMax, unless keep
+// lets it drop headers until it fits (see Message.Keep).
+func (p *Publisher) fitFrame(pub *amqp.Publishing, keep func(string) bool) ([]string, error) {
+	limit := p.FrameMax()
+	if limit <= 0 {
+		return nil, nil
+	}
+	size := headerFrameSize(*pub)
+	if size <= limit {
+		return nil, nil
+	}
+	if keep != nil {
+		return fit(pub, limit, func(k string) bool { return k == HeaderPublishID || keep(k) })
+	}
+	return nil, fmt.Errorf("the header frame is %d bytes, more than the broker's frame_max (%d): the broker would close the connection", size, limit)
 }
 
 // answer classifies a confirm that arrived: ack (Confirmed, or Returned if

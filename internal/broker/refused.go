@@ -66,16 +66,17 @@ func (r *Refusals) Add(err error, now time.Time) bool {
 	return r.n >= RefusedTries && now.Sub(r.first) >= RefusedFor
 }
 
-// DialAtStart is Dial for a connection that a command or process starts
-// with: a refusal is dialled again, after a short backoff, until it lasts
-// (Refusals), so that a broker restarting is not taken for a bad password.
+// DialAtStart is DialContext for a connection that a command or process
+// starts with: a refusal is dialled again, after a short backoff, until it
+// lasts (Refusals), so that a broker restarting is not taken for a bad
+// password.
 // A refusal that lasts is ErrRefused; any other error is returned at once,
 // as is the last refusal when ctx ends.
 func DialAtStart(ctx context.Context, urls []string, start int, cfg amqp.Config) (*amqp.Connection, int, error) {
 	var refusals Refusals
 	wait := refusedRetryMin
 	for {
-		conn, i, err := Dial(urls, start, cfg)
+		conn, i, err := DialContext(ctx, urls, start, cfg)
 		switch {
 		case err == nil || !IsRefused(err):
 			return conn, i, err

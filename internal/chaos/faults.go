@@ -142,8 +142,8 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 	case AMQPClose:
 		// The consume connections and the relays': losing one ends a
 		// consumer's session, or a relay's pass mid-confirm. A session
-		// ends on the loss of either of its connections, so its
-		// publishing connection is left alone. The proxy in front of the
+		// outlives the loss of its publishing connection (only dead
+		// letters wait for the next), so that one is left alone. The proxy in front of the
 		// broker closes both sockets: the consumer sees its connection
 		// lost, the broker requeues what it had delivered on it.
 		consuming := func(name string) bool {

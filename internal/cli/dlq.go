@@ -257,6 +257,9 @@ func printDeadLetter(w io.Writer, n int, m dlq.Message, now time.Time) {
 	} else {
 		fmt.Fprintf(tw, "body:\t%s\n", inert(string(d.Body)))
 	}
+	if m.HeadersDropped != "" {
+		fmt.Fprintf(tw, "headers dropped:\t%s (left out to fit the broker's frame_max)\n", inert(m.HeadersDropped))
+	}
 	_ = tw.Flush()
 	// The producer's headers, and the broker's x-death; not those printed
 	// above, nor x-delivery-count, which counts this queue's reads. A
@@ -270,7 +273,8 @@ func printDeadLetter(w io.Writer, n int, m dlq.Message, now time.Time) {
 }
 
 var shownHeaders = []string{wire.HeaderReason, wire.HeaderError, wire.HeaderQueue, wire.HeaderDeliveryCount,
-	wire.HeaderDeadLetteredAt, wire.HeaderDeadLetterID, wire.HeaderEventID, dlq.HeaderReplays, dlq.HeaderPublishID, "x-delivery-count"}
+	wire.HeaderDeadLetteredAt, wire.HeaderDeadLetterID, wire.HeaderEventID, dlq.HeaderReplays, dlq.HeaderPublishID, "x-delivery-count",
+	wire.HeaderHeadersDropped}
 
 // showConflicts prints, for each payload conflict, the dedup row it
 // collided with: when the original was processed and both hashes.

@@ -94,7 +94,7 @@ stale publisher strands there (log, idem_stranded_messages, /readyz).`)
 	}
 	old := cfg.Topology()
 	old.Partitions = stream.Partitions
-	busy, err := busyQueues(cfg.AMQPURL, old.Queues())
+	busy, err := busyQueues(ctx, cfg.AMQPURL, old.Queues())
 	if err != nil {
 		return fmt.Errorf("amqp_url: %w", err)
 	}
@@ -114,8 +114,8 @@ stale publisher strands there (log, idem_stranded_messages, /readyz).`)
 
 // busyQueues describes each of queues that holds messages or has a
 // consumer; a queue that does not exist is idle.
-func busyQueues(url string, queues []string) ([]string, error) {
-	conn, _, err := broker.Dial(broker.SplitURLs(url), 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-repartition"}})
+func busyQueues(ctx context.Context, url string, queues []string) ([]string, error) {
+	conn, _, err := broker.DialContext(ctx, broker.SplitURLs(url), 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-repartition"}})
 	if err != nil {
 		return nil, err
 	}

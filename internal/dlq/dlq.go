@@ -86,6 +86,11 @@ type Message struct {
 	// BodyBytes is the length of the delivery's body when the dead letter
 	// carries only its first bytes (wire.ReasonBodyTooLarge); 0 otherwise.
 	BodyBytes int64
+	// HeadersDropped names the producer's headers that were left out,
+	// when a consumer, a replay or a walk cut the letter's headers to fit
+	// the broker's frame_max (wire.HeaderHeadersDropped); empty otherwise.
+	// It only informs: on a broker's letter, its producer may have set it.
+	HeadersDropped string
 }
 
 // Truncated reports whether m carries only the first bytes of its body: a
@@ -138,6 +143,7 @@ func Parse(d amqp.Delivery) Message {
 	if m.Reason == "" {
 		m.Reason = "unknown"
 	}
+	m.HeadersDropped, _ = h[wire.HeaderHeadersDropped].(string)
 	return m
 }
 
@@ -192,7 +198,10 @@ type Queue struct {
 // refusal is broker.ErrRefused.
 func Open(ctx context.Context, url string, t broker.Topology) (*Queue, error) {
 	urls := broker.SplitURLs(url)
-	conn, node, err := broker.DialAtStart(ctx, urls, 0, amqp.Config{Properties: amqp.Table{"connection_name": "idem-dlq"}})
+	// The reading connection takes frames above the broker's frame_max:
+	// a letter the broker dead-lettered can come in larger than any
+	// message it accepts (broker.ReadFrameMax).
+	conn, node, err := broker.DialAtStart(ctx, urls, 0, amqp.Config{FrameSize: broker.ReadFrameMax, Properties: amqp.Table{"connection_name": "idem-dlq"}})
 	if err != nil {
 		return nil, fmt.Errorf("dlq: dial: %w", err)
 	}
@@ -294,7 +303,10 @@ func (q *Queue) leftBehind(d amqp.Delivery) bool {
 // first (see the package comment), and acks those the visitor removes; it
 // re-publishes the others to the tail, in order. After Stop it visits no
 // more, but still moves the rest of the snapshot behind the ones it kept, so
-// that the queue keeps its order. It returns how many it visited.
+// that the queue keeps its order; so it does after a visitor's error, which
+// it returns once its fence is gone (the message that failed is kept). A
+// kept letter that the broker grew past its frame_max is re-published cut
+// to fit (keptOnCut). It returns how many it visited.
 func (q *Queue) Walk(ctx context.Context, visit func(Message) (Verdict, error)) (int, error) {
 	ch, err := q.conn.Channel()
 	if err != nil {
@@ -319,12 +331,12 @@ func (q *Queue) Walk(ctx context.Context, visit func(Message) (Verdict, error)) 
 		return 0, err
 	}
 	defer release()
-	err = p.send(ctx, q.DLQ, amqp.Publishing{Headers: amqp.Table{HeaderFence: fence, HeaderFenceOwner: owner}, Timestamp: time.Now(), DeliveryMode: amqp.Persistent})
+	err = p.send(ctx, q.DLQ, amqp.Publishing{Headers: amqp.Table{HeaderFence: fence, HeaderFenceOwner: owner}, Timestamp: time.Now(), DeliveryMode: amqp.Persistent}, nil)
 	if err != nil {
 		return 0, fmt.Errorf("dlq: publish the walk's fence: %w", err)
 	}
 	keep := func(d amqp.Delivery) error {
-		if err := p.send(ctx, q.DLQ, copyOf(d)); err != nil {
+		if err := p.send(ctx, q.DLQ, copyOf(d), keptOnCut(d)); err != nil {
 			return fmt.Errorf("dlq: keep %q: %w (it stays in %s)", d.MessageId, err, q.DLQ)
 		}
 		if err := d.Ack(false); err != nil {
@@ -333,9 +345,10 @@ func (q *Queue) Walk(ctx context.Context, visit func(Message) (Verdict, error)) 
 		return nil
 	}
 	visited, visiting := 0, true
+	var failed error // the visitor's: the walk moves the rest on and returns it
 	for {
 		if err := ctx.Err(); err != nil {
-			return visited, err
+			return visited, errors.Join(failed, err)
 		}
 		d, ok, err := ch.Get(q.DLQ, false)
 		if err != nil {
@@ -344,19 +357,19 @@ func (q *Queue) Walk(ctx context.Context, visit func(Message) (Verdict, error)) 
 		if !ok {
 			// The fence is gone, or another walk holds it: what is left
 			// of the snapshot is held elsewhere.
-			return visited, nil
+			return visited, failed
 		}
 		if id, ok := fenceOf(d); ok {
 			switch {
 			case id == fence:
-				return visited, d.Ack(false) // the snapshot is done
+				return visited, errors.Join(failed, d.Ack(false)) // the snapshot is done
 			case q.leftBehind(d):
 				err = d.Ack(false) // left by a walk that died
 			default:
 				err = keep(d) // another walk's, running now
 			}
 			if err != nil {
-				return visited, err
+				return visited, errors.Join(failed, err)
 			}
 			continue
 		}
@@ -364,7 +377,10 @@ func (q *Queue) Walk(ctx context.Context, visit func(Message) (Verdict, error)) 
 		if visiting {
 			visited++
 			if v, err = visit(Parse(d)); err != nil {
-				return visited, errors.Join(err, keep(d))
+				// Visit no more, but walk on to the fence, keeping the
+				// rest: a walk that stopped here would leave its fence
+				// behind, and the rest of the snapshot ahead of it.
+				failed, v = err, Stop
 			}
 		}
 		switch v {
@@ -377,8 +393,23 @@ func (q *Queue) Walk(ctx context.Context, visit func(Message) (Verdict, error)) 
 			err = keep(d)
 		}
 		if err != nil {
-			return visited, err
+			return visited, errors.Join(failed, err)
 		}
+	}
+}
+
+// keptOnCut says which of d's headers a walk keeps when it must cut them
+// to re-publish d within the broker's frame_max (dead-lettering can grow a
+// letter past it): the broker's record of the dead-lettering, if the
+// broker wrote d, else idem's (see Message for whose headers are believed).
+// The producer's are the ones that go.
+func keptOnCut(d amqp.Delivery) func(string) bool {
+	if !byBroker(d.Headers) {
+		return wire.Ours
+	}
+	return func(k string) bool {
+		return k == "x-death" || k == "x-delivery-count" ||
+			strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-")
 	}
 }
 
@@ -427,12 +458,14 @@ func (q *Queue) publisher() (*publisher, error) {
 const publishTimeout = 10 * time.Second
 
 // send publishes msg to queue and returns once the broker confirmed it;
-// ErrNotRouted if no queue took it.
-func (p *publisher) send(ctx context.Context, queue string, msg amqp.Publishing) error {
+// ErrNotRouted if no queue took it. If msg's header frame exceeds the
+// broker's frame_max, the headers keep refuses are dropped until it fits
+// (broker.Message.Keep); nil keeps them all, and such a msg is refused.
+func (p *publisher) send(ctx context.Context, queue string, msg amqp.Publishing, keep func(string) bool) error {
 	p.seq++
 	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
-	res := p.p.Publish(ctx, broker.Message{Key: queue, Publishing: msg})[0]
+	res := p.p.Publish(ctx, broker.Message{Key: queue, Publishing: msg, Keep: keep})[0]
 	switch res.Outcome {
 	case broker.Confirmed:
 		return nil
@@ -535,10 +568,13 @@ func (r *Replayer) Target(m Message) string {
 
 // Replay publishes m onto its work queue (Target), mandatory, and returns
 // once the broker confirmed it: only then may m leave the dead-letter queue.
+// A replay whose header frame would exceed the broker's frame_max leaves
+// out the producer's largest headers and names them in
+// wire.HeaderHeadersDropped; idem's are kept.
 func (r *Replayer) Replay(ctx context.Context, m Message) error {
 	p := Publishing(m)
 	p.Headers[HeaderReplayID] = r.p.run + "-" + strconv.Itoa(r.p.seq+1)
-	if err := r.p.send(ctx, r.Target(m), p); err != nil {
+	if err := r.p.send(ctx, r.Target(m), p, wire.Ours); err != nil {
 		return fmt.Errorf("dlq: replay: %w", err)
 	}
 	return nil

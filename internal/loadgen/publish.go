@@ -43,7 +43,7 @@ func Publish(ctx context.Context, opt PublishOptions, s Stream) error {
 	if opt.Window <= 0 {
 		opt.Window = 256
 	}
-	p, err := openPublisher(opt, s)
+	p, err := openPublisher(ctx, opt, s)
 	if err != nil {
 		return err
 	}
@@ -113,8 +113,8 @@ type publisher struct {
 	inflight []pending
 }
 
-func openPublisher(opt PublishOptions, s Stream) (*publisher, error) {
-	conn, _, err := broker.Dial(broker.SplitURLs(opt.URL), 0, amqp.Config{Properties: amqp.Table{"connection_name": opt.ConnectionName}})
+func openPublisher(ctx context.Context, opt PublishOptions, s Stream) (*publisher, error) {
+	conn, _, err := broker.DialContext(ctx, broker.SplitURLs(opt.URL), 0, amqp.Config{Properties: amqp.Table{"connection_name": opt.ConnectionName}})
 	if err != nil {
 		return nil, fmt.Errorf("publish: dial: %w", err)
 	}

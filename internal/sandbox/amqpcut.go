@@ -63,6 +63,7 @@ type AMQPCut struct {
 	done   int // how many cuts fired
 	conns  map[*link]struct{}
 	closed bool
+	stall  func(name string) bool // see StallWhere; nil: none
 }
 
 // StartAMQPCut listens on a free loopback port and forwards every
@@ -137,6 +138,33 @@ func (p *AMQPCut) DropWhere(match func(name string) bool) int {
 		}
 	}
 	return n
+}
+
+// StallWhere stalls, as a Cut with Stall does (both sockets open, nothing
+// forwarded either way), every connection whose client-provided name match
+// accepts: those open now at once, and each new one at its
+// connection.start-ok, so that its handshake never completes, until
+// Release. It returns how many open connections it stalled.
+func (p *AMQPCut) StallWhere(match func(name string) bool) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stall = match
+	n := 0
+	for l := range p.conns {
+		if match(l.connName()) {
+			l.stallNow()
+			n++
+		}
+	}
+	return n
+}
+
+// Release ends StallWhere for new connections; those it stalled stay
+// silent until their client gives up on them.
+func (p *AMQPCut) Release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stall = nil
 }
 
 // Close stops listening and closes every proxied connection.
@@ -224,10 +252,15 @@ func (l *link) pipe(dir Direction, dst, src net.Conn, skip int) {
 				l.mu.Lock()
 				l.name = connectionName(frame[11:])
 				l.mu.Unlock()
+				l.p.mu.Lock()
+				if l.p.stall != nil && l.p.stall(l.connName()) {
+					l.stallNow()
+				}
+				l.p.mu.Unlock()
 			}
 			if stall, cut := l.check(dir, m); cut {
 				if stall {
-					l.stallOnce.Do(func() { close(l.stalled) })
+					l.stallNow()
 					<-l.stalled
 					io.Copy(io.Discard, r) // until either side gives up
 				}
@@ -264,6 +297,9 @@ func (l *link) check(dir Direction, m Method) (stall, cut bool) {
 	}
 	return false, false
 }
+
+// stallNow silences the link: pipe forwards nothing more either way.
+func (l *link) stallNow() { l.stallOnce.Do(func() { close(l.stalled) }) }
 
 func (l *link) connName() string {
 	l.mu.Lock()

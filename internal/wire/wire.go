@@ -139,6 +139,11 @@ const (
 	// HeaderBodyBytes is the length of the delivery's body when the dead
 	// letter carries only part of it (ReasonBodyTooLarge).
 	HeaderBodyBytes = "x-idem-body-bytes"
+	// HeaderHeadersDropped names the producer's headers that a dead letter,
+	// a replay or a letter a dlq tool kept left out (comma-separated, cut
+	// short at 512 bytes): with them its header frame would have exceeded
+	// the broker's frame_max.
+	HeaderHeadersDropped = "x-idem-headers-dropped"
 )
 
 // HeaderDeadLetterID marks each dead letter so that a basic.return can be

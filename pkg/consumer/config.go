@@ -91,7 +91,10 @@ type Config struct {
 	// broker. Defaults to "idem-consumer".
 	ConnectionName string
 	// Prefetch is the most unacked deliveries the broker sends this
-	// process. Defaults to 1024.
+	// process. It counts messages, not bytes: the deliveries it holds are
+	// bounded by Prefetch × the broker's max_message_size (MaxBodyBytes is
+	// checked on a body already in memory; docs/operations.md, "Message
+	// size"). Defaults to 1024.
 	Prefetch int
 	// Workers is how many batches (with BatchSize 1, deliveries) this
 	// process handles at once. Defaults to 2.

@@ -30,6 +30,8 @@ type Consumer[T any] struct {
 	refused atomic.Pointer[string]
 	// live is the acker of the session consuming now; nil between sessions.
 	live atomic.Pointer[acker]
+	// pubs is the publishing side of the session now; nil between sessions.
+	pubs atomic.Pointer[publishing]
 	// strays are the stream's queues outside its layout; stranded what
 	// the last check found in them.
 	strays   []string
@@ -70,10 +72,18 @@ func (c *Consumer[T]) Stats() Stats {
 		s.Consuming, s.InFlight, s.Unacked = true, unsettled, unsettled+held
 	}
 	s.Blocked, _ = c.blocked.state()
+	if p := c.pubs.Load(); p != nil {
+		if err := p.down(); err != nil {
+			s.Publishing = err.Error()
+		}
+	}
 	if why := c.refused.Load(); why != nil {
 		s.Refused = *why
 	}
 	s.Tripped, s.TrippedOn = c.kill.state()
+	if n := c.progress.Load(); n != 0 {
+		s.LastSettled = time.Unix(0, n)
+	}
 	if m := c.stranded.Load(); m != nil {
 		for _, q := range slices.Sorted(maps.Keys(*m)) {
 			s.Stranded += (*m)[q]
@@ -183,7 +193,7 @@ func (c *Consumer[T]) awaitStore(ctx context.Context) bool {
 
 // session is one connection's life: declare, consume, work, drain.
 func (c *Consumer[T]) session(ctx context.Context) error {
-	conn, node, err := broker.Dial(c.urls, c.node, amqp.Config{
+	conn, node, err := broker.DialContext(ctx, c.urls, c.node, amqp.Config{
 		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName},
 		Heartbeat:  10 * time.Second,
 	})
@@ -198,14 +208,17 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 
 	c.blocked.set(amqp.Blocking{}) // a new connection starts unblocked
 	defer c.blocked.set(amqp.Blocking{})
-	pub, err := c.openPublisher(node)
-	if err != nil {
-		return err
-	}
-	defer pub.Close()
-	if err := pub.Declare(c.topology.Declare); err != nil {
+	if err := declare(conn, c.topology.Declare); err != nil {
 		return &declareError{err}
 	}
+	// The publishing connection is opened beside the session, not before
+	// it: consuming never waits for it, and only dead letters wait while
+	// it is away (sendLetter).
+	pubs := startPublishing(ctx, func(ctx context.Context) (*broker.Publisher, error) { return c.openPublisher(ctx, node) },
+		c.cfg.ReconnectBackoff, c.cfg.Logger, func() { c.blocked.set(amqp.Blocking{}) })
+	defer pubs.close()
+	c.pubs.Store(pubs)
+	defer c.pubs.Store(nil)
 	// A probe takes one delivery per queue: one event decides whether the
 	// deploy works again, and a failure hands back that one alone.
 	probe := c.kill.probing()
@@ -239,7 +252,7 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	defer stopWaits()
 	ends := sessionEnds{away: make(chan struct{}), tripped: make(chan struct{}), resumed: make(chan struct{})}
 	w := &worker[T]{c: &c.shared, storeAway: onceCloser(ends.away), trip: onceCloser(ends.tripped), resume: onceCloser(ends.resumed),
-		tripped: ends.tripped, dl: &deadLetterer{pub: pub}, acker: newAcker(sub.ch), stop: stop, queueOf: sub.queueOf,
+		tripped: ends.tripped, pubs: pubs, acker: newAcker(sub.ch), stop: stop, queueOf: sub.queueOf,
 		letters: make(chan letter[T], c.cfg.Prefetch)}
 	c.live.Store(w.acker)
 	defer c.live.Store(nil)
@@ -255,7 +268,7 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	}
 	workersDone := w.start(workCtx, sub.deliveries)
 
-	cause := c.awaitEnd(ctx, connClosed, pub, sub, workersDone, ends)
+	cause := c.awaitEnd(ctx, connClosed, sub, workersDone, ends)
 	// The kill switch ends a session as shutdown does: the consumers are
 	// cancelled, and what the workers hold drains (after a trip, each
 	// delivery goes back to the queue untried, and with KeyOrder its key
@@ -290,7 +303,7 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	}
 	w.acker.flush()
 	_ = sub.ch.Close()
-	_ = pub.Close()
+	pubs.close()
 	if err := conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
 		return fmt.Errorf("close: %w", err)
 	}
@@ -313,12 +326,25 @@ func onceCloser(ch chan struct{}) func() {
 	return func() { once.Do(func() { close(ch) }) }
 }
 
+// declare runs the topology's declarations on a channel of conn of their
+// own.
+func declare(conn *amqp.Connection, declare func(*amqp.Channel) error) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open a channel to declare: %w", err)
+	}
+	defer ch.Close()
+	return declare(ch)
+}
+
 // openPublisher opens a session's publishing side: a connection of its own,
-// to the node of the consuming connection, with a confirming publisher.
-// During a memory or disk alarm the broker stops reading a connection that
-// publishes, and acks sent on it would stop with the publish.
-func (c *Consumer[T]) openPublisher(node int) (*broker.Publisher, error) {
-	conn, _, err := broker.Dial(c.urls[node:node+1], 0, amqp.Config{
+// to the node of the consuming connection, with a confirming publisher,
+// and declares the topology on it (a dead-letter exchange or queue deleted
+// since is back before a letter needs it). During a memory or disk alarm
+// the broker stops reading a connection that publishes, and acks sent on it
+// would stop with the publish.
+func (c *Consumer[T]) openPublisher(ctx context.Context, node int) (*broker.Publisher, error) {
+	conn, _, err := broker.DialContext(ctx, c.urls[node:node+1], 0, amqp.Config{
 		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName + broker.PublishingConnectionSuffix},
 		Heartbeat:  10 * time.Second,
 	})
@@ -328,6 +354,10 @@ func (c *Consumer[T]) openPublisher(node int) (*broker.Publisher, error) {
 	pub, err := broker.NewPublisher(conn, broker.PublisherOptions{OnBlocked: c.onBlocked})
 	if err != nil {
 		return nil, fmt.Errorf("publishing connection: %w", err)
+	}
+	if err := pub.Declare(c.topology.Declare); err != nil {
+		_ = pub.Close()
+		return nil, fmt.Errorf("declare on the publishing connection: %w", err)
 	}
 	return pub, nil
 }
@@ -402,7 +432,7 @@ func (w *worker[T]) start(ctx context.Context, deliveries <-chan amqp.Delivery) 
 		confirmers.Go(func() { w.confirmStage(c) })
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() { w.gather(deliveries, batches, finished) })
+	wg.Go(func() { w.gather(w.intake(deliveries), batches, finished) })
 	wg.Go(func() { w.screenStage(ctx, batches, toDecide, finished) })
 	for range w.c.cfg.Workers {
 		wg.Go(func() {
@@ -432,7 +462,7 @@ func (w *worker[T]) start(ctx context.Context, deliveries <-chan amqp.Delivery) 
 // awaitEnd waits for shutdown (nil: it cancels the consumers, and the
 // library then closes the deliveries) or for what ends the session (its
 // cause).
-func (c *Consumer[T]) awaitEnd(ctx context.Context, connClosed chan *amqp.Error, pub *broker.Publisher, sub *subscription, workersDone <-chan struct{}, ends sessionEnds) error {
+func (c *Consumer[T]) awaitEnd(ctx context.Context, connClosed chan *amqp.Error, sub *subscription, workersDone <-chan struct{}, ends sessionEnds) error {
 	cancel := func() {
 		for tag := range sub.queueOf {
 			if err := sub.ch.Cancel(tag, false); err != nil {
@@ -454,8 +484,6 @@ func (c *Consumer[T]) awaitEnd(ctx context.Context, connClosed chan *amqp.Error,
 		return fmt.Errorf("connection closed: %w", amqpErr(e))
 	case e := <-sub.closed:
 		return fmt.Errorf("consume channel closed: %w", amqpErr(e))
-	case <-pub.Done():
-		return fmt.Errorf("publishing connection ended: %w", pub.Err())
 	case tag, ok := <-sub.cancelled:
 		if !ok {
 			return errors.New("consume channel closed")

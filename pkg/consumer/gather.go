@@ -12,8 +12,42 @@ import (
 // the wait is bounded.
 const busyLinger = 3
 
-// gather reads deliveries, registers each with the acker in the broker's
-// order, and hands them to the workers in batches. A batch goes as soon as it
+// intake takes each delivery from the library as it arrives, registers it
+// with the acker, and queues it for gather, which reads only while it has
+// room for a batch. A delivery the broker sent counts as unacked from then
+// on (Stats.InFlight, Stats.Unacked), as the broker counts it, not only once
+// a batch takes it. The broker's prefetch bounds the queue. The returned
+// channel closes once deliveries is closed and everything queued was taken.
+func (w *worker[T]) intake(deliveries <-chan amqp.Delivery) <-chan amqp.Delivery {
+	out := make(chan amqp.Delivery)
+	go func() {
+		defer close(out)
+		var queue []amqp.Delivery
+		in := deliveries
+		for in != nil || len(queue) > 0 {
+			var send chan<- amqp.Delivery
+			var next amqp.Delivery
+			if len(queue) > 0 {
+				send, next = out, queue[0]
+			}
+			select {
+			case d, ok := <-in:
+				if !ok {
+					in = nil
+					continue
+				}
+				w.acker.register(d.DeliveryTag)
+				queue = append(queue, d)
+			case send <- next:
+				queue = queue[1:]
+			}
+		}
+	}()
+	return out
+}
+
+// gather reads deliveries (registered by intake) and hands them to the
+// workers in batches. A batch goes as soon as it
 // is full; one that is not full goes once its first delivery has waited
 // Config.BatchLinger with no batch in flight, or busyLinger times that while
 // others are, and a worker is free. With BatchSize 1 every delivery goes on
@@ -53,7 +87,6 @@ func (w *worker[T]) gather(deliveries <-chan amqp.Delivery, batches chan<- []amq
 				}
 				return
 			}
-			w.acker.register(d.DeliveryTag)
 			if len(cur) == 0 {
 				first = time.Now()
 			}

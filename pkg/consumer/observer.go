@@ -54,8 +54,13 @@ type Settlement struct {
 type Stats struct {
 	// Consuming is whether a session with the broker is consuming now.
 	Consuming bool
-	// InFlight counts deliveries taken from the broker whose outcome is
-	// not reached yet.
+	// LastSettled is when a delivery last reached its outcome (applied, a
+	// duplicate, dead-lettered; a hand-back to the queue does not count):
+	// whether work goes on. Zero if none did yet.
+	LastSettled time.Time
+	// InFlight counts deliveries received from the broker whose outcome
+	// is not reached yet, wherever they wait (for room in a batch, in one,
+	// for a confirm, a dead letter or a hold).
 	InFlight int
 	// Unacked counts deliveries the broker counts against Prefetch: in
 	// flight, or settled and waiting for their ack frame.
@@ -71,6 +76,11 @@ type Stats struct {
 	// connection (a memory or disk alarm: "low on memory"); empty when it
 	// does not. Dead letters wait meanwhile, unacked; acks go on.
 	Blocked string
+	// Publishing says why the session has no publishing connection now
+	// (lost, refused, or its handshake unanswered): dead letters wait
+	// meanwhile, unacked, up to StoreHold; other events and their acks go
+	// on. Empty while it has one, or is opening its first.
+	Publishing string
 	// Refused says why the last session ended, when RabbitMQ refused the
 	// connection or dropped it during the handshake (bad credentials, a
 	// vhost, a connection limit; or a broker restarting, a network fault):

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -31,12 +32,15 @@ type shared[T any] struct {
 	topology broker.Topology
 	blocked  blockState
 	kill     *killSwitch
+	// progress is when a delivery last reached an outcome other than a
+	// hand-back (Unix nanoseconds; 0: never), for Stats.LastSettled.
+	progress atomic.Int64
 }
 
 // worker handles deliveries of one session.
 type worker[T any] struct {
 	c     *shared[T]
-	dl    *deadLetterer
+	pubs  *publishing // the publishing connection, for dead letters
 	acker *acker
 	stop  context.Context // ends when shutdown begins or the session fails
 	// queueOf names the queue of each consumer tag, for dead letters.
@@ -96,18 +100,14 @@ func (k *keyHolds) add(key, id, reason string) {
 	h.ids[id] = true
 }
 
-// letter is a dead letter on its way: the delivery, why, and what to publish.
+// letter is a dead letter on its way: the delivery, why, what to publish,
+// and when it was handed over.
 type letter[T any] struct {
 	it     item[T]
 	reason string
 	cause  error
 	p      amqp.Publishing
-}
-
-// deadLetterer publishes dead letters on the session's confirming
-// publisher, one at a time (dead letters are rare).
-type deadLetterer struct {
-	pub *broker.Publisher
+	queued time.Time
 }
 
 // prepare decodes d, received at received, and checks its time. A delivery
@@ -208,7 +208,7 @@ func (w *worker[T]) deadLetter(ctx context.Context, it item[T], reason string, c
 		headers[wire.HeaderBodyBytes] = int64(len(d.Body))
 		body = d.Body[:min(len(d.Body), cfg.MaxBodyBytes, maxLetterBody)]
 	}
-	w.letters <- letter[T]{it: it, reason: reason, cause: cause, p: amqp.Publishing{
+	w.letters <- letter[T]{it: it, reason: reason, cause: cause, queued: time.Now(), p: amqp.Publishing{
 		Headers:      headers,
 		ContentType:  d.ContentType,
 		DeliveryMode: amqp.Persistent,
@@ -221,7 +221,8 @@ func (w *worker[T]) deadLetter(ctx context.Context, it item[T], reason string, c
 // letterHeaders are the headers of a delivery a dead letter of it carries:
 // the producer's, but none in idem's namespace (x-idem-*, any case), which
 // the tools trust to name and explain a dead letter; a replay's count and
-// ID excepted, of their types. Nor the broker's x-delivery-count: a message
+// ID excepted, of their types (the ID no longer than a short string, so that
+// idem's own headers always fit a frame). Nor the broker's x-delivery-count: a message
 // replayed from the DLQ starts with a fresh budget (ours is kept for
 // diagnosis in wire.HeaderDeliveryCount). Nor x-death and its summaries:
 // the tools take a dead letter with x-death for one the broker wrote, whose
@@ -239,7 +240,7 @@ func letterHeaders(in amqp.Table) amqp.Table {
 	case int8, int16, int32, int64, int:
 		out[wire.HeaderReplays] = v
 	}
-	if v, ok := in[wire.HeaderReplayID].(string); ok {
+	if v, ok := in[wire.HeaderReplayID].(string); ok && len(v) <= broker.MaxShortString {
 		out[wire.HeaderReplayID] = v
 	}
 	return out
@@ -257,30 +258,19 @@ func (w *worker[T]) sendLetters(ctx context.Context) {
 // then acks its delivery. A dead letter that was not confirmed, or that the
 // broker returned because no queue took it (the DLQ was deleted), is
 // requeued instead: a dead letter is never acked away unless it is in the
-// dead-letter queue. While the broker blocks publishing (a resource alarm)
-// the letter waits, its delivery unacked, until the block ends or the
-// session does.
+// dead-letter queue. While the session has no publishing connection (lost,
+// refused, or not answering its handshake) or the broker blocks it (a
+// resource alarm), the letter waits, its delivery unacked, until one
+// publishes again or the session ends (awaitPublisher).
 func (w *worker[T]) sendLetter(ctx context.Context, l letter[T]) {
 	cfg := &w.c.cfg
 	it, reason, cause := l.it, l.reason, l.cause
-	if why, cleared := w.c.blocked.state(); cleared != nil {
-		cfg.Logger.Warn("dead letter waits: the broker blocks publishing", "event_id", it.ev.ID, "reason", reason, "blocked", why)
-		// The wait is bounded as a store outage's hold is: the delivery
-		// goes back to the queue after StoreHold, well inside the broker's
-		// consumer_timeout, and comes back to wait again.
-		giveUp := time.NewTimer(cfg.StoreHold)
-		defer giveUp.Stop()
-		select {
-		case <-cleared:
-		case <-giveUp.C:
-			w.requeue(ctx, it, wire.RequeuePublishBlocked, fmt.Errorf("the broker blocked publishing for store_hold (%s): %s", cfg.StoreHold, why))
-			return
-		case <-w.stop.Done():
-			w.requeue(ctx, it, wire.RequeueShutdown, cause)
-			return
-		}
+	pub, why, err := w.awaitPublisher(l)
+	if pub == nil {
+		w.requeue(ctx, it, why, err)
+		return
 	}
-	routed, err := w.dl.publish(ctx, cfg.ConfirmTimeout, w.c.topology, l.p)
+	routed, err := publishLetter(ctx, pub, cfg.ConfirmTimeout, w.c.topology, l.p)
 	switch {
 	case err != nil:
 		cfg.Logger.Error("dead-letter publish failed, requeueing", "event_id", it.ev.ID, "reason", reason, "err", err)
@@ -290,7 +280,7 @@ func (w *worker[T]) sendLetter(ctx context.Context, l letter[T]) {
 		cfg.Logger.Error("dead letter returned unroutable (dead-letter queue missing?): re-declaring it and requeueing",
 			"event_id", it.ev.ID, "reason", reason, "dead_letter_queue", w.c.topology.DeadLetterQueue)
 		cfg.Observer.Count(wire.CounterDeadLetterReturned, 1)
-		if err := w.dl.redeclare(w.c.topology); err != nil {
+		if err := pub.Declare(w.c.topology.Declare); err != nil {
 			cfg.Logger.Error("re-declare dead-letter queue", "err", err)
 		}
 		w.requeue(ctx, it, wire.RequeueUnroutable, cause)
@@ -307,12 +297,58 @@ func (w *worker[T]) sendLetter(ctx context.Context, l letter[T]) {
 	w.settled(ctx, it, outcome, reason, cause)
 }
 
-// publish sends p to t's dead-letter exchange, mandatory, and reports
-// whether the broker routed it to a queue and confirmed it.
-func (dl *deadLetterer) publish(ctx context.Context, timeout time.Duration, t broker.Topology, p amqp.Publishing) (routed bool, err error) {
+// awaitPublisher returns the session's publisher once it is open and the
+// broker does not block it. The wait is bounded as a store outage's hold
+// is: after StoreHold from when the letter was handed over, well inside the
+// broker's consumer_timeout, it returns nil with the reason and error to
+// requeue the delivery with, and the delivery comes back to wait again;
+// so it does at once when the session ends.
+func (w *worker[T]) awaitPublisher(l letter[T]) (pub *broker.Publisher, reason string, err error) {
+	cfg := &w.c.cfg
+	giveUp := time.NewTimer(time.Until(l.queued.Add(cfg.StoreHold)))
+	defer giveUp.Stop()
+	said := ""
+	for {
+		pub, changes, down := w.pubs.current()
+		var cleared <-chan struct{}
+		switch {
+		case pub == nil:
+			reason, err = wire.RequeueUnconfirmed, fmt.Errorf("no publishing connection for store_hold (%s): %w", cfg.StoreHold, down)
+			if said != "down" {
+				said = "down"
+				cfg.Logger.Warn("dead letter waits: no publishing connection", "event_id", l.it.ev.ID, "reason", l.reason, "err", down)
+			}
+		default:
+			var why string
+			if why, cleared = pub.Blocked(); cleared == nil {
+				return pub, "", nil
+			}
+			reason, err = wire.RequeuePublishBlocked, fmt.Errorf("the broker blocked publishing for store_hold (%s): %s", cfg.StoreHold, why)
+			if said != "blocked" {
+				said = "blocked"
+				cfg.Logger.Warn("dead letter waits: the broker blocks publishing", "event_id", l.it.ev.ID, "reason", l.reason, "blocked", why)
+			}
+		}
+		select {
+		case <-changes:
+		case <-cleared:
+		case <-giveUp.C:
+			return nil, reason, err
+		case <-w.stop.Done():
+			return nil, wire.RequeueShutdown, l.cause
+		}
+	}
+}
+
+// publishLetter sends p to t's dead-letter exchange on pub, mandatory, and
+// reports whether the broker routed it to a queue and confirmed it.
+func publishLetter(ctx context.Context, pub *broker.Publisher, timeout time.Duration, t broker.Topology, p amqp.Publishing) (routed bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	res := dl.pub.Publish(ctx, broker.Message{Exchange: t.DeadLetterExchange, Key: t.DeadLetterQueue, Publishing: p})[0]
+	// A letter whose header frame would exceed the broker's frame_max (the
+	// producer's headers filled most of a frame, and idem adds its own)
+	// leaves out the producer's largest headers, and names them.
+	res := pub.Publish(ctx, broker.Message{Exchange: t.DeadLetterExchange, Key: t.DeadLetterQueue, Publishing: p, Keep: wire.Ours})[0]
 	switch res.Outcome {
 	case broker.Confirmed:
 		return true, nil
@@ -320,10 +356,6 @@ func (dl *deadLetterer) publish(ctx context.Context, timeout time.Duration, t br
 		return false, nil
 	}
 	return false, res.Err
-}
-
-func (dl *deadLetterer) redeclare(t broker.Topology) error {
-	return dl.pub.Declare(t.Declare)
 }
 
 // deliveryCount is how many times the broker delivered d before. Only the
@@ -361,8 +393,11 @@ func truncate(s string, n int) string {
 // and reason.
 func (w *worker[T]) settled(ctx context.Context, it item[T], o guard.Outcome, reason string, err error) {
 	c := w.c
-	if o != guard.OutcomeRetry && c.kill.settle(it.ev.ID, o) {
-		w.resume()
+	if o != guard.OutcomeRetry {
+		c.progress.Store(time.Now().UnixNano())
+		if c.kill.settle(it.ev.ID, o) {
+			w.resume()
+		}
 	}
 	s := Settlement{
 		Message:   messageOf(it.d),

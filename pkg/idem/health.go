@@ -24,15 +24,25 @@ type check struct {
 // checkTimeout bounds each readiness check.
 const checkTimeout = time.Second
 
+// slowError marks a required check that did not answer within checkTimeout
+// while the work it guards goes on: /readyz reports it as slow, and stays
+// ready.
+type slowError struct{ err error }
+
+func (e *slowError) Error() string { return e.err.Error() }
+func (e *slowError) Unwrap() error { return e.err }
+
 // Health serves the probes: /healthz answers while the process does;
 // /readyz answers 200 while the consumer consumes and every database
-// answers, and 503 otherwise (saying why, when RabbitMQ refuses the
-// connection or drops it during the handshake, or when the kill switch
-// stopped the consumer). Its body has one line per check, including those
-// reported but not required: Redis (without it events go to Postgres,
-// correctly), the broker blocking publishers (dead letters wait, acks go
-// on), messages stranded in queues outside the stream's layout, and each
-// database's standbys as last read, at start and every 30 s
+// answers a ping within a second, or is only slow (no answer, but
+// deliveries settle: see progressing), and 503 otherwise (saying why, when
+// RabbitMQ refuses the connection or drops it during the handshake, or when
+// the kill switch stopped the consumer). Its body has one line per check,
+// including those reported but not required: Redis (without it events go
+// to Postgres, correctly), the broker blocking publishers or the
+// publishing connection away (dead letters wait, acks go on), messages
+// stranded in queues outside the stream's layout, and each database's
+// standbys as last read, at start and every 30 s
 // ("replication": failing when it has standbys and none is synchronous, so
 // that an acked event can be lost on failover). With a relay
 // (Config.Outbox), /readyz also reports whether it works ("relay": a
@@ -86,7 +96,15 @@ func (s *Service[T]) checks() []check {
 			for i, pool := range s.dbs {
 				if err := pool.Ping(ctx); err != nil {
 					if len(s.dbs) > 1 {
-						return fmt.Errorf("shard %d: %w", i, err)
+						err = fmt.Errorf("shard %d: %w", i, err)
+					}
+					if errors.Is(err, context.DeadlineExceeded) {
+						if ago, ok := s.progressing(time.Now()); ok {
+							return &slowError{fmt.Errorf("no answer to a ping within %s, but work goes on (a delivery settled %s ago): %w",
+								checkTimeout, ago.Round(time.Millisecond), err)}
+						}
+						return fmt.Errorf("no answer to a ping within %s, and no delivery settled within handler_timeout (%s): %w",
+							checkTimeout, s.cfg.Consumer.HandlerTimeout, err)
 					}
 					return err
 				}
@@ -94,8 +112,12 @@ func (s *Service[T]) checks() []check {
 			return nil
 		}},
 		{name: "rabbitmq_publishing", run: func(context.Context) error {
-			if why := s.Stats().Blocked; why != "" {
-				return fmt.Errorf("blocked by the broker (%s): dead letters wait, acks go on", why)
+			st := s.Stats()
+			if st.Blocked != "" {
+				return fmt.Errorf("blocked by the broker (%s): dead letters wait, acks go on", st.Blocked)
+			}
+			if st.Publishing != "" {
+				return fmt.Errorf("no publishing connection (%s): dead letters wait, acks go on", st.Publishing)
 			}
 			return nil
 		}},
@@ -121,6 +143,21 @@ func (s *Service[T]) checks() []check {
 	}, s.relayChecks()...)
 }
 
+// progressing reports whether the consumer settled a delivery within the
+// last Consumer.HandlerTimeout (an attempt that gets its answers settles
+// within it), and how long ago. A database that answers no ping within
+// checkTimeout while deliveries settle is slow, not away; with nothing
+// settled for that long (work stopped, or there is none), an unanswered
+// ping cannot be told from a database that is gone.
+func (s *Service[T]) progressing(now time.Time) (time.Duration, bool) {
+	st := s.Stats()
+	if !st.Consuming || st.LastSettled.IsZero() {
+		return 0, false
+	}
+	ago := now.Sub(st.LastSettled)
+	return ago, ago <= s.cfg.Consumer.HandlerTimeout
+}
+
 // runChecks runs every check at once and reports whether the required ones
 // passed, with one line per check.
 func runChecks(ctx context.Context, checks []check) (bool, string) {
@@ -135,7 +172,10 @@ func runChecks(ctx context.Context, checks []check) (bool, string) {
 	var b strings.Builder
 	for i, c := range checks {
 		err := <-errs[i]
+		var slow *slowError
 		switch {
+		case errors.As(err, &slow):
+			fmt.Fprintf(&b, "%s: slow: %v\n", c.name, slow)
 		case err == nil && c.detail != nil:
 			fmt.Fprintf(&b, "%s: ok: %s\n", c.name, c.detail())
 		case err == nil:

@@ -265,7 +265,7 @@ func (m *Metrics) WatchConsumer(stats func() consumer.Stats) error {
 			}
 			return 0
 		}},
-		{"idem_deliveries_in_flight", "Deliveries taken from the broker whose outcome is not reached yet.", func(s consumer.Stats) float64 { return float64(s.InFlight) }},
+		{"idem_deliveries_in_flight", "Deliveries received from the broker whose outcome is not reached yet.", func(s consumer.Stats) float64 { return float64(s.InFlight) }},
 		{"idem_prefetch_in_use", "Unacked deliveries the broker counts against the prefetch: in flight, or settled and waiting for their ack frame.", func(s consumer.Stats) float64 { return float64(s.Unacked) }},
 		{"idem_prefetch_limit", "The consumer's prefetch (consumer.prefetch).", func(s consumer.Stats) float64 { return float64(s.Prefetch) }},
 		{"idem_stranded_messages", "Messages in queues of the stream that nobody consumes (a publisher using another partition count), as last checked.", func(s consumer.Stats) float64 { return float64(s.Stranded) }},

@@ -1,0 +1,4 @@
+package broker
+
+// HeaderFrameSize exposes headerFrameSize to the tests.
+var HeaderFrameSize = headerFrameSize

@@ -1,0 +1,55 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/internal/wire"
+	"github.com/idemhq/idem/pkg/consumer"
+	"github.com/idemhq/idem/pkg/guard"
+)
+
+// undecodable refuses every body, so that every event is dead-lettered on
+// its first delivery.
+type undecodable struct{ handlerFunc }
+
+func (undecodable) Decode(consumer.Message) (guard.Event, []byte, error) {
+	return guard.Event{}, nil, errors.New("not an event")
+}
+
+// TestALetterAboveTheFrameMaxIsCutNotAConnectionLost: a producer's headers
+// fill most of a frame, which RabbitMQ takes; the dead letter adds idem's
+// headers. Before, its header frame exceeded frame_max, RabbitMQ closed the
+// publishing connection (FRAME_ERROR), and the message came back to do it
+// again until the broker's delivery limit took it. Now the letter leaves
+// out the producer's largest header, keeps idem's, and says what it left
+// out; every client reads it.
+func TestALetterAboveTheFrameMaxIsCutNotAConnectionLost(t *testing.T) {
+	t.Parallel()
+	r := startRig(t, undecodable{}, nil)
+	conn, err := amqp.Dial(testenv.AMQPURL())
+	require.NoError(t, err)
+	defer conn.Close()
+	fm := conn.Config.FrameSize
+	require.NoError(t, r.ch.PublishWithContext(context.Background(), "", r.queue, false, false, amqp.Publishing{
+		MessageId: "evt_big", Body: []byte("{}"), Timestamp: time.Now(), DeliveryMode: amqp.Persistent,
+		Headers: amqp.Table{"big": strings.Repeat("h", fm-100), "small": "s"},
+	}))
+
+	d := r.deadLetter() // read by a client that negotiated frame_max
+	require.Equal(t, wire.ReasonDecode, d.Headers[wire.HeaderReason])
+	require.Equal(t, "big", d.Headers[wire.HeaderHeadersDropped])
+	require.NotContains(t, d.Headers, "big")
+	require.Equal(t, "s", d.Headers["small"])
+	require.Equal(t, r.queue, d.Headers[wire.HeaderQueue])
+	require.Equal(t, "evt_big", d.MessageId)
+	require.Zero(t, r.stats[wire.CounterReconnect].Load(), "no connection was lost")
+	require.Equal(t, int64(1), r.stats[guard.OutcomeDeadLettered.String()].Load())
+}
