@@ -215,7 +215,8 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	// it: consuming never waits for it, and only dead letters wait while
 	// it is away (sendLetter).
 	pubs := startPublishing(ctx, func(ctx context.Context) (*broker.Publisher, error) { return c.openPublisher(ctx, node) },
-		c.cfg.ReconnectBackoff, c.cfg.Logger, func() { c.blocked.set(amqp.Blocking{}) })
+		c.cfg.ReconnectBackoff, c.cfg.Logger, func() { c.blocked.set(amqp.Blocking{}) },
+		func() { c.cfg.Observer.Count(wire.CounterReconnect, 1) })
 	defer pubs.close()
 	c.pubs.Store(pubs)
 	defer c.pubs.Store(nil)

@@ -34,11 +34,19 @@ func (w *worker[T]) intake(deliveries <-chan amqp.Delivery) <-chan amqp.Delivery
 			case d, ok := <-in:
 				if !ok {
 					in = nil
+					if c, ok := w.acker.ch.(interface{ IsClosed() bool }); ok && c.IsClosed() {
+						// The consume channel is gone (the session
+						// failed): the broker has every delivery back,
+						// and no ack of these can land. Drop them
+						// rather than process them for nothing.
+						queue = nil
+					}
 					continue
 				}
 				w.acker.register(d.DeliveryTag)
 				queue = append(queue, d)
 			case send <- next:
+				queue[0] = amqp.Delivery{} // let its body go
 				queue = queue[1:]
 			}
 		}

@@ -22,8 +22,9 @@ type publishing struct {
 	backoff Backoff
 	log     *slog.Logger
 	// changed is called whenever the publisher changes (a new one starts
-	// unblocked).
-	changed func()
+	// unblocked); reopened whenever one opens after another ended, as a
+	// session's reconnect counts (wire.CounterReconnect).
+	changed, reopened func()
 
 	mu      sync.Mutex
 	pub     *broker.Publisher // nil while none is open
@@ -37,9 +38,9 @@ type publishing struct {
 // startPublishing opens publishers with open until close, the first at once.
 // ctx bounds every open: once it ends, no new publisher is opened, and the
 // one open stays until close.
-func startPublishing(ctx context.Context, open func(context.Context) (*broker.Publisher, error), backoff Backoff, log *slog.Logger, changed func()) *publishing {
+func startPublishing(ctx context.Context, open func(context.Context) (*broker.Publisher, error), backoff Backoff, log *slog.Logger, changed, reopened func()) *publishing {
 	ctx, stop := context.WithCancel(ctx)
-	p := &publishing{open: open, backoff: backoff, log: log, changed: changed, changes: make(chan struct{}), stop: stop, done: make(chan struct{})}
+	p := &publishing{open: open, backoff: backoff, log: log, changed: changed, reopened: reopened, changes: make(chan struct{}), stop: stop, done: make(chan struct{})}
 	go func() { defer close(p.done); p.run(ctx) }()
 	return p
 }
@@ -56,6 +57,9 @@ func (p *publishing) run(ctx context.Context) {
 			return
 		}
 		if err == nil {
+			if p.down() != nil {
+				p.reopened()
+			}
 			p.set(pub, nil)
 			select {
 			case <-ctx.Done():

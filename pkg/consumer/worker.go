@@ -310,6 +310,11 @@ func (w *worker[T]) awaitPublisher(l letter[T]) (pub *broker.Publisher, reason s
 	said := ""
 	for {
 		pub, changes, down := w.pubs.current()
+		if pub != nil && pub.Err() != nil {
+			// Ended, and not yet replaced: a letter sent on it fails at
+			// once and would come straight back. Wait for the next.
+			pub, down = nil, pub.Err()
+		}
 		var cleared <-chan struct{}
 		switch {
 		case pub == nil:

@@ -150,8 +150,11 @@ func (c *clusterEnv) totals() map[string]int64 {
 //
 // It is not parallel: three RabbitMQ nodes and six Redis servers booting
 // on two cores would slow every test beside them. Go runs it before the
-// parallel tests.
+// parallel tests, and it holds the machine from test/e2e's tests
+// (testenv.Exclusive): its replay's share dropped by Redis needs the
+// breaker to stay closed, which a loaded machine's Redis timeouts open.
 func TestFleetOnClusters(t *testing.T) {
+	testenv.Exclusive(t)
 	c := newClusterEnv(t, 4)
 	consumers := []*fleet.Proc{
 		c.consumeOn("c0", 0, ""),    // every partition
