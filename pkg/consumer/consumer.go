@@ -196,6 +196,10 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	conn, node, err := broker.DialContext(ctx, c.urls, c.node, amqp.Config{
 		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName},
 		Heartbeat:  10 * time.Second,
+		// The broker sends header frames above its own frame_max (a quorum
+		// queue's x-delivery-count on a producer's near-limit headers): the
+		// consuming connection reads them rather than being closed by them.
+		FrameSize: broker.ReadFrameMax,
 	})
 	if err != nil {
 		return fmt.Errorf("dial: %w", err)

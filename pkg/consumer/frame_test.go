@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -52,4 +54,37 @@ func TestALetterAboveTheFrameMaxIsCutNotAConnectionLost(t *testing.T) {
 	require.Equal(t, "evt_big", d.MessageId)
 	require.Zero(t, r.stats[wire.CounterReconnect].Load(), "no connection was lost")
 	require.Equal(t, int64(1), r.stats[guard.OutcomeDeadLettered.String()].Load())
+}
+
+// TestARedeliveryAboveTheFrameMaxIsRead: a producer's headers fill a frame
+// to within a few bytes of frame_max, which RabbitMQ takes; when the first
+// attempt fails, the quorum queue delivers it again with x-delivery-count
+// added, a header frame above frame_max. The consuming connection reads it
+// (it was lost on every redelivery, the message coming back to do it again)
+// and the second attempt applies it.
+func TestARedeliveryAboveTheFrameMaxIsRead(t *testing.T) {
+	t.Parallel()
+	var attempts atomic.Int32
+	r := startRig(t, handlerFunc{apply: func(ctx context.Context, tx pgx.Tx) error {
+		if attempts.Add(1) == 1 {
+			return errors.New("first attempt fails")
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO ledger (event_id, user_id, amount) VALUES ('evt_wide', 'u', 1)`)
+		return err
+	}}, func(c *consumer.Config) { c.DeliveryLimit = 3 })
+	conn, err := amqp.Dial(testenv.AMQPURL())
+	require.NoError(t, err)
+	defer conn.Close()
+	fm := conn.Config.FrameSize
+	// The header frame: 8 bytes of framing, 14 of class, weight, body size
+	// and flags, the message ID (1+8), the delivery mode (1) and the table
+	// (4, then 1+3 for the key, 1+4 for the string's type and length):
+	// 44 bytes and the value, 10 under frame_max.
+	require.NoError(t, r.ch.PublishWithContext(context.Background(), "", r.queue, false, false, amqp.Publishing{
+		MessageId: "evt_wide", Body: []byte("{}"), DeliveryMode: amqp.Persistent,
+		Headers: amqp.Table{"big": strings.Repeat("h", fm-44-10)},
+	}))
+	require.Eventually(t, func() bool { return r.stats[guard.OutcomeProcessed.String()].Load() == 1 }, 20*time.Second, 20*time.Millisecond)
+	require.Equal(t, int32(2), attempts.Load())
+	require.Zero(t, r.stats[wire.CounterReconnect].Load(), "no connection was lost")
 }
