@@ -9,8 +9,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/fleet"
+	"github.com/idemhq/idem/internal/horizon"
 	"github.com/idemhq/idem/internal/sandbox"
 )
 
@@ -77,6 +80,10 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 	case ConsumerKill:
 		fl, slot := r.slot(p.Slot)
 		return "SIGKILL " + fl.kill(slot), nil
+	case HotRow:
+		return r.holdHotRows(ctx, p.For)
+	case Prune:
+		return r.prune(ctx)
 	case CrashPoint:
 		fl, slot := r.slot(p.Slot)
 		name, err := fl.arm(slot, p.Step, p.After)
@@ -404,4 +411,68 @@ func (r *run) sample(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// holdHotRows locks the balance rows updated last on every shard, as a
+// poison event that updated one of them and then hung would, and lets them
+// go after d (rolled back: nothing changes).
+func (r *run) holdHotRows(ctx context.Context, d time.Duration) (string, error) {
+	var txs []pgx.Tx
+	defer func() {
+		for _, tx := range txs {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	held := 0
+	for _, pool := range r.pools {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return "", err
+		}
+		txs = append(txs, tx)
+		// Its own wait for a row a consumer holds is bounded: a consumer's
+		// batch can hold several.
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '3s'`); err != nil {
+			return "", err
+		}
+		rows, err := tx.Query(ctx, `SELECT user_id FROM account_balances WHERE user_id IN
+			(SELECT user_id FROM account_balances ORDER BY updated_at DESC LIMIT 3) FOR UPDATE`)
+		if err != nil {
+			return "", err
+		}
+		users, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return "", err
+		}
+		held += len(users)
+	}
+	if held == 0 {
+		return "", errors.New("no balance row to hold yet")
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+	return fmt.Sprintf("%d balance rows updated last held for %s, then let go", held, d), nil
+}
+
+// prune runs idem prune on every shard at the retention its consumers
+// recorded (so it deletes only what they no longer need, in a short run
+// nothing) and reports how long each waited for the claims begun before
+// its cut.
+func (r *run) prune(ctx context.Context) (string, error) {
+	var out []string
+	for i, pool := range r.pools {
+		var retention, skew time.Duration
+		if err := pool.QueryRow(ctx, `SELECT retention, clock_skew FROM idem_horizon`).Scan(&retention, &skew); err != nil {
+			return "", fmt.Errorf("shard %d: read the recorded retention: %w", i, err)
+		}
+		start := time.Now()
+		n, cut, err := horizon.Prune(ctx, pool, horizon.PruneConfig{Retention: retention, ClockSkew: skew, Batch: 1000})
+		if err != nil {
+			return "", fmt.Errorf("shard %d: %w", i, err)
+		}
+		out = append(out, fmt.Sprintf("shard %d: %d rows through %s in %s", i, n, cut.UTC().Format(time.RFC3339), time.Since(start).Round(time.Millisecond)))
+	}
+	return "pruned " + strings.Join(out, "; "), nil
 }

@@ -17,6 +17,7 @@ var kindColor = map[Kind]string{
 	PGRestart: "#2171b5", PGFailover: "#3f007d", AMQPClose: "#31a354", RabbitKill: "#17becf", HTTPFail: "#e377c2", HTTPSlow: "#bcbd22", RelayCut: "#d62728",
 	PGBlackhole: "#08306b", PGReset: "#4292c6", PGLatency: "#c6dbef", RedisBlackhole: "#7f2704",
 	RedisReset: "#f16913", RedisLatency: "#fee6ce", AMQPBlackhole: "#00441b", AMQPReset: "#74c476", APIBlackhole: "#636363",
+	HotRow: "#a50f15", Prune: "#54278f",
 }
 
 // WriteHTML writes a self-contained report: the timeline as an SVG chart

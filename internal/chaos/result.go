@@ -145,6 +145,10 @@ func (res *Result) judge() {
 	add(v.Misrouted > 0, "%d ledger rows or balances on a shard other than their user's", v.Misrouted)
 	add(res.LeftInQueue > 0, "%d messages stuck in the queue", res.LeftInQueue)
 	add(res.DeadLetterQueue > 0, "%d messages in the dead-letter queue", res.DeadLetterQueue)
+	// Nothing in a chaos run is a broken deploy: an outage, a wait on a row
+	// or on prune, a crash are never the events' own failure.
+	trips := res.Outcomes["count/"+wire.CounterKillSwitchTrips] + res.HopOutcomes["count/"+wire.CounterKillSwitchTrips]
+	add(trips > 0, "the kill switch tripped %d times (no fault of a chaos run is a broken deploy)", trips)
 	add(len(res.NotDrained) > 0, "consumers did not drain on SIGTERM: %s", strings.Join(res.NotDrained, "; "))
 	res.judgeHop(add)
 	res.judgeFailover(add)
@@ -215,6 +219,7 @@ func (res *Result) Print(w io.Writer) {
 	}
 	row("left in queue", res.LeftInQueue)
 	row("in dead-letter queue", res.DeadLetterQueue)
+	row("kill switch trips", res.Outcomes["count/"+wire.CounterKillSwitchTrips]+res.HopOutcomes["count/"+wire.CounterKillSwitchTrips])
 	res.printHop(&t)
 	res.printFailover(&t)
 	t.print(w)

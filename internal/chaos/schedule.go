@@ -42,6 +42,8 @@ const (
 	HTTPSlow       Kind = "http-slow"       // two hops: the API answers after the relays gave up on it, for a while
 	RelayCut       Kind = "relay-cut"       // two hops: cut a relay's broker connection mid-pass, at a publish or before a confirm
 	APIBlackhole   Kind = "api-blackhole"   // two hops: the relays' links to the API forward nothing, for a while
+	HotRow         Kind = "hot-row"         // a transaction holds the busiest balance rows, as a poison event hanging on them would
+	Prune          Kind = "prune"           // idem prune during load: the cut, and the wait for the claims begun before it
 )
 
 // Describe says what each kind does, for --help.
@@ -70,12 +72,14 @@ var Describe = map[Kind]string{
 	HTTPSlow:       "second hop: the API acts on each request but answers only after the relay's timeout, for seconds",
 	RelayCut:       "second hop: cut a broker connection mid-pass, at a relay's basic.publish or before its confirm (the fleet reaches the broker through an AMQP-aware proxy)",
 	APIBlackhole:   "second hop: pg-blackhole on one receipts consumer's link to the API, or all: its relay's POSTs hang until their timeout",
+	HotRow:         "a transaction locks the three balance rows updated last on every shard and holds them for seconds, up to the consumers' handler timeout, as a poison event that takes a hot row and hangs until its timeout would: the events queued on them wait, and the kill switch must not count that",
+	Prune:          "idem prune on every shard, at the retention the consumers recorded: it records its cut, then waits for every claim begun before it; the kill switch must not count the wait",
 }
 
 // Kinds lists every fault kind.
 var Kinds = []Kind{ConsumerKill, CrashPoint, RedisKill, RedisPause, RedisSlow, RedisFlush,
 	RedisEvict, PGTerminate, PGRestart, PGFailover, AMQPClose, PGBlackhole, PGReset, PGLatency,
-	RedisBlackhole, RedisReset, RedisLatency, AMQPBlackhole, AMQPReset,
+	RedisBlackhole, RedisReset, RedisLatency, AMQPBlackhole, AMQPReset, HotRow, Prune,
 	RabbitKill, HTTPFail, HTTPSlow, RelayCut, APIBlackhole}
 
 // TwoHopOnly are the kinds that need the second hop: "all" leaves them out
@@ -287,6 +291,10 @@ func Plan(seed uint64, d time.Duration, consumers int, kinds []Kind, steps []str
 				p.Lag = between(100*time.Millisecond, 300*time.Millisecond)
 			case PGReset, RedisReset, AMQPReset:
 				p.For = resetFor
+			case HotRow:
+				// Below the consumers' handler timeout (10s), the longest a
+				// poison event holds what it took.
+				p.For = between(2*time.Second, 8*time.Second)
 			case PGFailover:
 				// How long the primary lives on with its standby cut off.
 				p.For = between(500*time.Millisecond, 3*time.Second)

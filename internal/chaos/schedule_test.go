@@ -86,7 +86,7 @@ func TestFirstRoundFitsInTheStream(t *testing.T) {
 			infra = append(infra, k)
 		}
 	}
-	require.Len(t, infra, 17)
+	require.Len(t, infra, 19)
 	d := 40 * time.Second
 	for seed := range uint64(500) {
 		seen := map[Kind]bool{}
