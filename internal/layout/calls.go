@@ -23,7 +23,8 @@ var ErrPartitionedDedupTable = errors.New("idem_processed is partitioned, which 
 // store's read of it; pg_control_system, pg_current_wal_lsn and
 // pg_postmaster_start_time, which a standby or a revoked EXECUTE refuses),
 // and the WAL message a claim that only finds rows commits
-// (pg_logical_emit_message, in a transaction rolled back here). It also
+// (pg_logical_emit_message, in a transaction rolled back here) with the WAL
+// positions it reads to know whether it needs it. It also
 // refuses a partitioned idem_processed.
 func CheckGuardCalls(ctx context.Context, pool *pgxpool.Pool, history func(context.Context) (tier.History, error)) error {
 	var kind string
@@ -46,6 +47,9 @@ func CheckGuardCalls(ctx context.Context, pool *pgxpool.Pool, history func(conte
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, 'idem', '')`); err != nil {
 		return fmt.Errorf("the guard cannot write a WAL message (pg_logical_emit_message, which a claim that only finds rows commits so that a synchronous standby has them before they are acked): %w", err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT current_setting('synchronous_standby_names'), pg_current_wal_flush_lsn() >= pg_current_wal_insert_lsn()`); err != nil {
+		return fmt.Errorf("the guard cannot read the WAL positions (pg_current_wal_flush_lsn, pg_current_wal_insert_lsn, which a claim that only finds rows reads to know whether it needs its WAL message): %w", err)
 	}
 	return nil
 }

@@ -3,12 +3,15 @@ package pgtier
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/pkg/guard"
 )
@@ -18,6 +21,15 @@ import (
 // CTE produced its row (the message written), and whether the transaction
 // then has an ID.
 func walRuns(t *testing.T, s *Store, events []guard.Event) (messages int, xid bool, plan string) {
+	return walRunsOf(t, s, claim, events)
+}
+
+// waiting is the claim statement as it runs on a server whose COMMIT waits
+// for a synchronous standby: a claim that inserts nothing always writes
+// its message.
+var waiting = strings.Replace(claim, durable, "false", 1)
+
+func walRunsOf(t *testing.T, s *Store, stmt string, events []guard.Event) (messages int, xid bool, plan string) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := s.Begin(ctx)
@@ -31,7 +43,7 @@ func walRuns(t *testing.T, s *Store, events []guard.Event) (messages int, xid bo
 		times[i] = pgtype.Timestamptz{Time: ev.Time, Valid: !ev.Time.IsZero()}
 	}
 	var out []byte
-	require.NoError(t, tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+claim, "svc", ids, hashes, times).Scan(&out))
+	require.NoError(t, tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+stmt, "svc", ids, hashes, times).Scan(&out))
 	var doc []struct{ Plan map[string]any }
 	require.NoError(t, json.Unmarshal(out, &doc))
 	var walk func(n map[string]any)
@@ -51,8 +63,8 @@ func walRuns(t *testing.T, s *Store, events []guard.Event) (messages int, xid bo
 	return messages, x != nil, string(out)
 }
 
-// TestAClaimThatInsertsNothingWritesOneWALMessage: the claim statement's
-// wal CTE runs exactly once (EXPLAIN ANALYZE counts its row) whenever the
+// TestAClaimThatInsertsNothingWritesOneWALMessage: where a COMMIT waits
+// for a standby, the claim statement's wal CTE runs exactly once (EXPLAIN ANALYZE counts its row) whenever the
 // claim inserts nothing, whatever it found (one row, many, refused ones,
 // none), under the generic plan the transaction pins; and not at all when
 // it inserts, whose own write gives the transaction its ID.
@@ -89,7 +101,7 @@ func TestAClaimThatInsertsNothingWritesOneWALMessage(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			n, xid, plan := walRuns(t, s, c.events)
+			n, xid, plan := walRunsOf(t, s, waiting, c.events)
 			require.Equal(t, c.messages, n, plan)
 			require.True(t, xid)
 		})
@@ -107,9 +119,68 @@ func TestAClaimThatInsertsNothingWritesOneWALMessage(t *testing.T) {
 		{"all refused, none found", []guard.Event{expired("zz1"), expired("zz2")}, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			n, xid, plan := walRuns(t, s, c.events)
+			n, xid, plan := walRunsOf(t, s, waiting, c.events)
 			t.Logf("%s: messages %d xid %v", c.name, n, xid)
 			require.Equal(t, c.messages, n, plan)
 		})
+	}
+}
+
+// TestAFoundOnlyClaimWritesAMessageWhereACommitWaits: on a server of the
+// test's own, a claim that only finds rows writes its WAL message when a
+// COMMIT would wait for something the rows found may lack (a synchronous
+// standby is configured), and writes nothing when everything it can have
+// found is flushed and no standby is waited for: a stream of duplicates
+// then commits nothing (a WAL flush per transaction halved their rate).
+func TestAFoundOnlyClaimWritesAMessageWhereACommitWaits(t *testing.T) {
+	t.Parallel()
+	pg, err := sandbox.StartPostgres("")
+	if errors.Is(err, sandbox.ErrNoInitdb) {
+		t.Skip(err)
+	}
+	require.NoError(t, err)
+	t.Cleanup(pg.Remove)
+	pool, _ := testenv.SchemaOn(t, pg.URL())
+	s := New(pool)
+	ctx := context.Background()
+	ev := guard.Event{ID: "a", Hash: guard.HashFields("a")}
+	tx, err := s.Begin(ctx)
+	require.NoError(t, err)
+	_, _, err = s.Claim(ctx, tx, "svc", []guard.Event{ev})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	// Nothing else writes on this server, but a background process may
+	// (autovacuum): some claim in a few finds the WAL flushed.
+	require.Eventually(t, func() bool {
+		n, xid, _ := walRuns(t, s, []guard.Event{ev})
+		return n == 0 && !xid
+	}, 10*time.Second, 50*time.Millisecond, "a found-only claim wrote a WAL message with nothing to wait for")
+
+	_, err = pool.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'nobody'`)
+	require.NoError(t, err)
+	// Before the schema is dropped, whose COMMIT would wait for 'nobody'.
+	t.Cleanup(func() {
+		_, _ = pool.Exec(ctx, `ALTER SYSTEM RESET synchronous_standby_names`)
+		_, _ = pool.Exec(ctx, `SELECT pg_reload_conf()`)
+		for range 100 {
+			var names string
+			if pool.QueryRow(ctx, `SHOW synchronous_standby_names`).Scan(&names) != nil || names == "" {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	_, err = pool.Exec(ctx, `SELECT pg_reload_conf()`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var names string
+		require.NoError(t, pool.QueryRow(ctx, `SHOW synchronous_standby_names`).Scan(&names))
+		return names == "nobody"
+	}, 10*time.Second, 20*time.Millisecond)
+	for range 5 {
+		n, xid, plan := walRuns(t, s, []guard.Event{ev})
+		require.Equal(t, 1, n, plan)
+		require.True(t, xid, "the claim left the transaction without an ID: its COMMIT would not wait for the standby")
 	}
 }
