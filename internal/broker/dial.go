@@ -2,9 +2,14 @@ package broker
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
+	neturl "net/url"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -82,6 +87,17 @@ func dialOne(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection
 	}
 	var raw atomic.Pointer[net.Conn]
 	var wide *wideFrames // a FrameSize above the broker's is read (ReadFrameMax)
+	// A wide connection's frame reader must sit above TLS, and amqp091
+	// puts TLS above whatever the dialler returns: on amqps:// the
+	// dialler makes the TLS connection itself, as amqp091 would, and
+	// amqp091 is given the same URL as amqp:// on the same port.
+	var wideTLS *tls.Config
+	if cfg.FrameSize > 0 {
+		var err error
+		if url, wideTLS, err = tlsBelowFrames(url, cfg.TLSClientConfig); err != nil {
+			return nil, err
+		}
+	}
 	cfg.Dial = func(network, addr string) (net.Conn, error) {
 		d := net.Dialer{Timeout: dialTimeout}
 		c, err := d.DialContext(ctx, network, addr)
@@ -104,7 +120,16 @@ func dialOne(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection
 			return nil, err
 		}
 		if cfg.FrameSize > 0 {
-			wide = &wideFrames{Conn: &writeBounded{Conn: c}, readMax: uint32(cfg.FrameSize)}
+			var below net.Conn = &writeBounded{Conn: c}
+			if wideTLS != nil {
+				tc := tls.Client(below, wideTLS)
+				if err := tc.HandshakeContext(ctx); err != nil {
+					c.Close()
+					return nil, err
+				}
+				below = tc
+			}
+			wide = &wideFrames{Conn: below, readMax: uint32(cfg.FrameSize)}
 			return wide, nil
 		}
 		return &writeBounded{Conn: c}, nil
@@ -134,6 +159,52 @@ func dialOne(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection
 		sockets.Delete(conn)
 	}()
 	return conn, nil
+}
+
+// tlsBelowFrames returns, for an amqps:// URL, the same URL as amqp:// on
+// its port, and the TLS configuration amqp091 would use for it: own if
+// set (a clone), else from the URL's cacertfile, certfile, keyfile and
+// server_name_indication (the system's roots without a cacertfile), with
+// the URL's host as the server name unless one is set. Any other URL is
+// returned as it is, with no TLS configuration.
+func tlsBelowFrames(rawURL string, own *tls.Config) (string, *tls.Config, error) {
+	uri, err := amqp.ParseURI(rawURL)
+	if err != nil || uri.Scheme != "amqps" {
+		return rawURL, nil, nil // amqp091 says what is wrong with it
+	}
+	var cfg *tls.Config
+	if own != nil {
+		cfg = own.Clone()
+	} else {
+		cfg = &tls.Config{ServerName: uri.ServerName, MinVersion: tls.VersionTLS12}
+		if uri.CACertFile != "" {
+			pem, err := os.ReadFile(uri.CACertFile)
+			if err != nil {
+				return "", nil, fmt.Errorf("read CA certificate: %w", err)
+			}
+			cfg.RootCAs = x509.NewCertPool()
+			cfg.RootCAs.AppendCertsFromPEM(pem)
+		}
+		if uri.CertFile != "" && uri.KeyFile != "" {
+			cert, err := tls.LoadX509KeyPair(uri.CertFile, uri.KeyFile)
+			if err != nil {
+				return "", nil, fmt.Errorf("load client certificate: %w", err)
+			}
+			cfg.Certificates = []tls.Certificate{cert}
+		}
+	}
+	if cfg.ServerName == "" {
+		cfg.ServerName = uri.Host
+	}
+	u, err := neturl.Parse(rawURL)
+	if err != nil {
+		return "", nil, err
+	}
+	u.Scheme = "amqp"
+	if u.Port() == "" {
+		u.Host = net.JoinHostPort(u.Hostname(), strconv.Itoa(uri.Port))
+	}
+	return u.String(), cfg, nil
 }
 
 // sockets maps each open connection dialOne made to its socket.

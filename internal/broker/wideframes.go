@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"crypto/tls"
 	"encoding/binary"
 	"net"
 	"sync"
@@ -178,4 +179,13 @@ func (c *wideFrames) settle(conn *amqp.Connection) {
 	if c.widened {
 		conn.Config.FrameSize = int(c.brokerMax)
 	}
+}
+
+// ConnectionState is the TLS state of the connection below, for
+// amqp.Connection.ConnectionState (empty without TLS).
+func (w *wideFrames) ConnectionState() tls.ConnectionState {
+	if c, ok := w.Conn.(interface{ ConnectionState() tls.ConnectionState }); ok {
+		return c.ConnectionState()
+	}
+	return tls.ConnectionState{}
 }

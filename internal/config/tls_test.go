@@ -190,6 +190,33 @@ func TestRabbitTLS(t *testing.T) {
 	require.ErrorContains(t, err, "certificate", "an unknown CA must be refused")
 	_, _, err = broker.Dial([]string{url("localhost", trusted.CAFile) + "&server_name_indication=mq.example.com"}, 0, amqp.Config{})
 	require.ErrorContains(t, err, "mq.example.com", "a name the certificate lacks must be refused")
+
+	// A connection that reads frames above the broker's frame_max (every
+	// consumer's consuming connection, the DLQ tools') speaks TLS too: its
+	// frame reader sits above TLS, not under it (it read TLS records as
+	// frames, and the handshake hung until its deadline).
+	wide := amqp.Config{FrameSize: broker.ReadFrameMax}
+	wconn, _, err := broker.Dial(broker.SplitURLs(cfg.AMQPURL), 0, wide)
+	require.NoError(t, err, "amqps:// read wide")
+	t.Cleanup(func() { _ = wconn.Close() })
+	require.NotEmpty(t, wconn.ConnectionState().PeerCertificates, "the wide connection is TLS")
+	wch, err := wconn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, wch.PublishWithContext(ctx, "", q.Name, false, false, amqp.Publishing{Body: []byte("wide over tls")}))
+	for {
+		m, ok, err := ch.Get(q.Name, true)
+		require.NoError(t, err)
+		if ok {
+			require.Equal(t, "wide over tls", string(m.Body))
+			break
+		}
+		require.True(t, time.Now().Before(deadline.Add(10*time.Second)), "the message never arrived")
+		time.Sleep(20 * time.Millisecond)
+	}
+	_, _, err = broker.Dial([]string{url("localhost", unknown.CAFile)}, 0, wide)
+	require.ErrorContains(t, err, "certificate", "an unknown CA must be refused on a wide connection too")
+	_, _, err = broker.Dial([]string{url("localhost", trusted.CAFile) + "&server_name_indication=mq.example.com"}, 0, wide)
+	require.ErrorContains(t, err, "mq.example.com", "a name the certificate lacks must be refused on a wide connection too")
 }
 
 // loaded is Default as Load completes it.
