@@ -340,8 +340,30 @@ func (r *run) redisTarget(ctx context.Context) (*sandbox.Redis, string) {
 // rabbitTarget is the node a rabbit-kill stops: the leader of the first
 // partition queue, unless that is the publisher's node; then another.
 func (r *run) rabbitTarget() *sandbox.RabbitNode {
-	if n, err := r.rabbit.Leader(r.workQueues()[0]); err == nil && n != r.pubNode {
-		return n
+	// The node that holds the most consume connections of the fleet's
+	// (a consumer may be restarting at that moment: a node whose only
+	// consumer was showed no reconnect), the work queue's leader on a tie.
+	leader, _ := r.rabbit.Leader(r.workQueues()[0])
+	consuming := func(name string) bool {
+		ours := strings.HasPrefix(name, r.fleet.prefix) || (r.hop != nil && strings.HasPrefix(name, r.hop.prefix))
+		return ours && !strings.HasSuffix(name, broker.PublishingConnectionSuffix)
+	}
+	if by, err := r.rabbit.Connections(consuming); err == nil {
+		var best *sandbox.RabbitNode
+		for _, n := range r.rabbit.Nodes {
+			if n == r.pubNode || by[n.Name] == 0 {
+				continue
+			}
+			if best == nil || by[n.Name] > by[best.Name] || (by[n.Name] == by[best.Name] && n == leader) {
+				best = n
+			}
+		}
+		if best != nil {
+			return best
+		}
+	}
+	if leader != nil && leader != r.pubNode {
+		return leader
 	}
 	for _, n := range r.rabbit.Nodes {
 		if n != r.pubNode {

@@ -37,7 +37,7 @@ const (
 	RedisLatency   Kind = "redis-latency"   // pg-latency on the Redis links (not with --cluster)
 	AMQPBlackhole  Kind = "amqp-blackhole"  // broker links forward nothing, close nothing, for a while
 	AMQPReset      Kind = "amqp-reset"      // broker links close every connection as data flows, briefly
-	RabbitKill     Kind = "rabbit-kill"     // --cluster: SIGKILL the RabbitMQ node leading a partition queue, restart it later
+	RabbitKill     Kind = "rabbit-kill"     // --cluster: SIGKILL the RabbitMQ node most consumers are on, restart it later
 	HTTPFail       Kind = "http-fail"       // two hops: the API answers 503 for a while
 	HTTPSlow       Kind = "http-slow"       // two hops: the API answers after the relays gave up on it, for a while
 	RelayCut       Kind = "relay-cut"       // two hops: cut a relay's broker connection mid-pass, at a publish or before a confirm
@@ -67,7 +67,7 @@ var Describe = map[Kind]string{
 	RedisLatency:   "pg-latency on the links to Redis (not with --cluster)",
 	AMQPBlackhole:  "pg-blackhole on the links to the broker: consume, publishing and relay connections",
 	AMQPReset:      "pg-reset on the links to the broker",
-	RabbitKill:     "--cluster only: SIGKILL the RabbitMQ node that leads a partition queue, restart it seconds later",
+	RabbitKill:     "--cluster only: SIGKILL the RabbitMQ node that holds the most of the fleet's consuming connections (the first partition queue's leader on a tie), restart it seconds later",
 	HTTPFail:       "second hop: the API answers 503 for seconds",
 	HTTPSlow:       "second hop: the API acts on each request but answers only after the relay's timeout, for seconds",
 	RelayCut:       "second hop: cut a broker connection mid-pass, at a relay's basic.publish or before its confirm (the fleet reaches the broker through an AMQP-aware proxy)",

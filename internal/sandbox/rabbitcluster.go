@@ -330,6 +330,29 @@ func (c *RabbitCluster) Leader(queue string) (*RabbitNode, error) {
 	return nil, errors.New("sandbox: no running node answered")
 }
 
+// Connections counts, by node name, the connections whose client-provided
+// name match accepts, asking a node that runs.
+func (c *RabbitCluster) Connections(match func(name string) bool) (map[string]int, error) {
+	for _, n := range c.Nodes {
+		if !n.Running() {
+			continue
+		}
+		out, err := exec.Command("rabbitmqctl", "-q", "-n", n.Name, "list_connections", "--no-table-headers", "node", "client_properties").Output()
+		if err != nil {
+			continue
+		}
+		by := map[string]int{}
+		for _, line := range strings.Split(string(out), "\n") {
+			node, props, ok := strings.Cut(line, "\t")
+			if m := connName.FindStringSubmatch(props); ok && m != nil && match(m[1]) {
+				by[strings.TrimSpace(node)]++
+			}
+		}
+		return by, nil
+	}
+	return nil, errors.New("sandbox: no running node answered")
+}
+
 // Remove kills every node and deletes their files.
 func (c *RabbitCluster) Remove() {
 	for _, n := range c.Nodes {
