@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -138,13 +139,14 @@ func withRelayHealth(h http.Handler, rs []*relay.Relay) http.Handler {
 }
 
 func runOutbox(ctx context.Context, e *Env, args []string) error {
-	const usage = `Usage: idem outbox list [--dead|--pending] [-n N] [--shard S] [--config F]
-       idem outbox replay (--id N[,N…] | --all-dead) [--shard S] [--config F]
+	const usage = `Usage: idem outbox list [--state S | --dead | --pending] [--scope S] [--destination D] [-n N] [--shard S] [--config F]
+       idem outbox replay (--id N[,N…] | --all-dead) [--scope S] [--destination D] [--shard S] [--config F]
 
 list shows outbox rows, oldest first: message ID, event, destination, state,
 attempts and the last error. replay makes dead rows pending again with a
 fresh attempt budget; the relay publishes them with their original message
-IDs, so a receiver that already took one drops it.
+IDs, so a receiver that already took one drops it. --scope and
+--destination keep to one service's rows and one destination's, in both.
 
 With postgres.shards, each shard numbers its rows: list shows a row's ID as
 "shard S: N", and replay --id N needs --shard S. replay --all-dead replays
@@ -160,8 +162,11 @@ every shard's dead rows, or with --shard S only that shard's.`
 	cmd := "idem outbox " + args[0]
 	fs := NewFlags(e, "outbox "+args[0], usage)
 	path := fs.String("config", "", "YAML config `file`")
-	dead := fs.Bool("dead", false, "list: only dead rows")
-	pending := fs.Bool("pending", false, "list: only pending rows")
+	dead := fs.Bool("dead", false, "list: only dead rows (--state dead)")
+	pending := fs.Bool("pending", false, "list: only pending rows (--state pending)")
+	stateFlag := fs.String("state", "", "list: only rows in `state` pending, sent or dead")
+	scope := fs.String("scope", "", "only the rows of `scope` (a service's consumer.scope)")
+	dest := fs.String("destination", "", "only the rows for destination `name`")
 	n := fs.Int("n", 100, "list: most rows (per shard)")
 	ids := fs.String("id", "", "replay: the rows' ids (the first column of list), separated by commas")
 	all := fs.Bool("all-dead", false, "replay: every dead row")
@@ -205,7 +210,7 @@ every shard's dead rows, or with --shard S only that shard's.`
 			if *shard >= 0 && i != *shard {
 				continue
 			}
-			k, err := relay.Replay(ctx, pool, rowIDs)
+			k, err := relay.ReplayWhere(ctx, pool, relay.Filter{IDs: rowIDs, Scope: *scope, Destination: *dest})
 			if err != nil {
 				return dbErr(err)
 			}
@@ -213,10 +218,12 @@ every shard's dead rows, or with --shard S only that shard's.`
 		}
 		return nil
 	}
-	state := ""
+	state := *stateFlag
 	switch {
-	case *dead && *pending:
-		return UsageErr(e, "%s: --dead or --pending, not both", cmd)
+	case state != "" && !slices.Contains(relay.States, state):
+		return UsageErr(e, "%s: --state %q: want one of %s", cmd, state, strings.Join(relay.States, ", "))
+	case btoi(*dead)+btoi(*pending)+btoi(state != "") > 1:
+		return UsageErr(e, "%s: one of --state, --dead and --pending", cmd)
 	case *dead:
 		state = "dead"
 	case *pending:
@@ -229,7 +236,7 @@ every shard's dead rows, or with --shard S only that shard's.`
 		if *shard >= 0 && i != *shard {
 			continue
 		}
-		msgs, err := relay.List(ctx, pool, relay.Filter{State: state, Limit: *n})
+		msgs, err := relay.List(ctx, pool, relay.Filter{State: state, Scope: *scope, Destination: *dest, Limit: *n})
 		if err != nil {
 			return dbErr(err)
 		}
@@ -242,6 +249,13 @@ every shard's dead rows, or with --shard S only that shard's.`
 		}
 	}
 	return nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func shardPrefix(dbs Shards, i int) string {

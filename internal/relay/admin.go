@@ -36,12 +36,18 @@ type Message struct {
 	Body        []byte
 }
 
-// Filter picks rows for List.
+// Filter picks rows for List and Replay; an empty field picks any.
 type Filter struct {
-	Scope, EventID string // both set: one event's messages
-	State          string // "": any
-	Limit          int    // 0: 100
+	Scope       string
+	EventID     string // with Scope: one event's messages
+	Destination string
+	State       string // pending, sent or dead (Replay: dead only)
+	IDs         []int64
+	Limit       int // List: 0 is 100
 }
+
+// States are the states an outbox row can be in.
+var States = []string{"pending", "sent", "dead"}
 
 // List returns the rows f picks, oldest first.
 func List(ctx context.Context, db queryer, f Filter) ([]Message, error) {
@@ -51,8 +57,8 @@ func List(ctx context.Context, db queryer, f Filter) ([]Message, error) {
 	rows, err := db.Query(ctx, `SELECT id, scope, event_id, idx, destination, key, type, state, attempts,
 		coalesce(last_error, ''), created_at, sent_at, body
 	FROM idem_outbox
-	WHERE ($1 = '' OR (scope = $1 AND event_id = $2)) AND ($3 = '' OR state = $3)
-	ORDER BY id LIMIT $4`, f.Scope, f.EventID, f.State, f.Limit)
+	WHERE `+filterWhere+`
+	ORDER BY id LIMIT $6`, f.Scope, f.EventID, f.Destination, f.State, f.IDs, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("read idem_outbox: %w", err)
 	}
@@ -72,8 +78,18 @@ func List(ctx context.Context, db queryer, f Filter) ([]Message, error) {
 // Replay makes dead rows pending again with a fresh attempt budget: the
 // rows ids names, or every dead row if ids is empty. It returns how many.
 func Replay(ctx context.Context, db execer, ids []int64) (int64, error) {
+	return ReplayWhere(ctx, db, Filter{IDs: ids})
+}
+
+// filterWhere is the condition a Filter's fields ($1 to $5) make.
+const filterWhere = `($1 = '' OR scope = $1) AND ($2 = '' OR event_id = $2) AND ($3 = '' OR destination = $3)
+	AND ($4 = '' OR state = $4) AND (coalesce(cardinality($5::bigint[]), 0) = 0 OR id = ANY($5))`
+
+// ReplayWhere is Replay for the dead rows f picks (f.State and f.Limit
+// are not used).
+func ReplayWhere(ctx context.Context, db execer, f Filter) (int64, error) {
 	tag, err := db.Exec(ctx, `UPDATE idem_outbox SET state = 'pending', attempts = 0, next_at = '-infinity'
-	WHERE state = 'dead' AND (coalesce(cardinality($1::bigint[]), 0) = 0 OR id = ANY($1))`, ids)
+	WHERE state = 'dead' AND `+filterWhere, f.Scope, f.EventID, f.Destination, "", f.IDs)
 	if err != nil {
 		return 0, fmt.Errorf("replay: %w", err)
 	}

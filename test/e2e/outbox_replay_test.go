@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -69,4 +70,62 @@ func TestOutboxReplayNeverTakesTooMuch(t *testing.T) {
 
 	r = e.run(nil, "outbox", "replay", "-h")
 	require.Contains(t, r.out, "replay --id N needs --shard S")
+}
+
+// TestOutboxToolsKeepToOneServiceAndDestination: a database that several
+// services' relays share holds every service's rows. `idem outbox list`
+// takes --scope, --destination and --state (it had none of the first two:
+// "flag provided but not defined: -scope"), and `idem outbox replay
+// --all-dead` keeps to the same filters, so an operator replays one
+// destination's dead rows without touching another service's.
+func TestOutboxToolsKeepToOneServiceAndDestination(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", "")
+	p, url := testenv.Schema(t)
+	_, err := p.Exec(context.Background(), `INSERT INTO idem_outbox (scope, event_id, idx, destination, lane, body, state, attempts, last_error) VALUES
+		('pay', 'e1', 0, 'api', 0, '', 'dead', 1, 'http 500'),
+		('pay', 'e2', 0, 'mail', 0, '', 'pending', 0, NULL),
+		('refunds', 'e3', 0, 'api', 0, '', 'dead', 1, 'http 401'),
+		('refunds', 'e4', 0, 'api', 0, '', 'sent', 1, NULL),
+		('refunds', 'e5', 0, 'audit', 0, '', 'dead', 1, 'no route')`)
+	require.NoError(t, err)
+	vars := []string{"DATABASE_URL=" + url, "IDEM_OUTBOX_DESTINATIONS=api=https://api.example.com/x mail=queue:mail audit=queue:audit"}
+	list := func(args ...string) string {
+		t.Helper()
+		r := e.run(vars, append([]string{"outbox", "list"}, args...)...)
+		require.Equal(t, 0, r.code, r.out)
+		return r.out
+	}
+	shows := func(out string, events ...string) {
+		t.Helper()
+		for _, ev := range []string{"e1", "e2", "e3", "e4", "e5"} {
+			if slices.Contains(events, ev) {
+				require.Contains(t, out, "/"+ev+"#", out)
+			} else {
+				require.NotContains(t, out, "/"+ev+"#", out)
+			}
+		}
+	}
+	shows(list("--scope", "pay"), "e1", "e2")
+	shows(list("--destination", "api"), "e1", "e3", "e4")
+	shows(list("--destination", "api", "--state", "dead"), "e1", "e3")
+	shows(list("--scope", "refunds", "--dead"), "e3", "e5")
+	shows(list("--state", "sent"), "e4")
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"list", "--state", "stuck"}, `--state "stuck": want one of pending, sent, dead`},
+		{[]string{"list", "--state", "dead", "--pending"}, "one of --state, --dead and --pending"},
+	} {
+		r := e.run(vars, append([]string{"outbox"}, c.args...)...)
+		require.Equal(t, 2, r.code, "%v: %s", c.args, r.out)
+		require.Contains(t, r.out, c.want)
+	}
+
+	r := e.run(vars, "outbox", "replay", "--all-dead", "--scope", "refunds", "--destination", "api")
+	require.Equal(t, 0, r.code, r.out)
+	require.Contains(t, r.out, "1 dead row(s) pending again")
+	shows(list("--dead"), "e1", "e5")
 }
