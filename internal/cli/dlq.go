@@ -234,7 +234,12 @@ func printDeadLetter(w io.Writer, n int, m dlq.Message, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "--- dead letter %d\n", n)
 	// Every text below is the producer's, or may be: each is inert.
-	fmt.Fprintf(tw, "event_id:\t%s\n", inert(m.EventID))
+	if m.EventIDRead {
+		fmt.Fprintf(tw, "event_id:\t%s\n", inert(m.EventID))
+	} else {
+		// The message ID stands in for it in --event and replay's lines.
+		fmt.Fprintf(tw, "event_id:\t(none read: the consumer did not decode one; the message ID stands in for it)\n")
+	}
 	fmt.Fprintf(tw, "message_id:\t%s\n", inert(d.MessageId))
 	fmt.Fprintf(tw, "reason:\t%s\n", inert(m.Reason))
 	if m.ByBroker {

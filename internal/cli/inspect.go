@@ -213,6 +213,12 @@ func inspectRedis(ctx context.Context, tw io.Writer, cfg config.Config, id strin
 		fmt.Fprintf(tw, "redis %s:\tpending lease (a consumer holds it, or held it and crashed), expires in %s\n", key, m.TTL.Round(time.Second))
 	default:
 		fmt.Fprintf(tw, "redis %s:\tno key (never claimed, expired, or evicted)\n", key)
+		// A prefix or scope other than the consumers' finds nothing for
+		// any event: say so rather than let "no key" pass for an answer.
+		if found, known, err := fastkey.AnyOf(ctx, rdb, cfg.Redis.Prefix, cfg.Scope); err == nil && known && !found {
+			fmt.Fprintf(tw, "redis:\tno key of scope %q under prefix %q at all: if the consumers run with another redis.prefix (IDEM_REDIS_PREFIX) or scope, give theirs; \"no key\" above says nothing of this event\n",
+				inert(cfg.Scope), inert(cfg.Redis.Prefix))
+		}
 		return nil
 	}
 	fmt.Fprintf(tw, "marker history:\t%s\n", markerHistory(ctx, m, dbs))

@@ -78,6 +78,10 @@ type Message struct {
 	// EventID is the event ID the consumer read (wire.HeaderEventID),
 	// else the AMQP message ID; empty if neither is known.
 	EventID string
+	// EventIDRead: EventID is the consumer's reading of the event, not
+	// the message ID standing in for one (an undecodable message, a
+	// broker's dead letter).
+	EventIDRead bool
 	// PayloadHash is the event's payload hash as the consumer computed it
 	// (hex); empty if unknown.
 	PayloadHash string
@@ -134,7 +138,7 @@ func Parse(d amqp.Delivery) Message {
 		m.Replays = toInt(h[HeaderReplays])
 		m.DeadLetteredAt, _ = h[wire.HeaderDeadLetteredAt].(time.Time)
 		if id, _ := h[wire.HeaderEventID].(string); id != "" {
-			m.EventID = id
+			m.EventID, m.EventIDRead = id, true
 		}
 		m.PayloadHash, _ = h[wire.HeaderPayloadHash].(string)
 		m.ShardKey, _ = h[wire.HeaderShardKey].(string)

@@ -19,8 +19,9 @@ func TestParseReadsTheConsumersHeadersAndTheBrokers(t *testing.T) {
 		wire.HeaderEventID: "evt_1", wire.HeaderPayloadHash: "ab", wire.HeaderShardKey: "user_1",
 	}, MessageId: "m_1"})
 	require.Equal(t, Message{D: m.D, Reason: "handler_failed", Error: "boom", Queue: "q", Attempts: 5, Replays: 2, DeadLetteredAt: at,
-		EventID: "evt_1", PayloadHash: "ab", ShardKey: "user_1"}, m)
+		EventID: "evt_1", EventIDRead: true, PayloadHash: "ab", ShardKey: "user_1"}, m)
 	require.Equal(t, "m_1", Parse(amqp.Delivery{MessageId: "m_1"}).EventID, "without the header, the message ID")
+	require.False(t, Parse(amqp.Delivery{MessageId: "m_1"}).EventIDRead, "standing in for an event ID no consumer read")
 
 	// The broker's own dead letter: x-delivery-limit reached.
 	m = Parse(amqp.Delivery{Headers: amqp.Table{

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -121,4 +122,63 @@ func Inspect(ctx context.Context, rdb redis.UniversalClient, prefix, scope, id s
 	}
 	m.TTL = ttl.Val()
 	return m, nil
+}
+
+// scanBudget bounds how many keys AnyOf reads, on each node.
+const scanBudget = 50_000
+
+// AnyOf reports whether the fast tier holds any key of scope under prefix
+// (a marker or a lease of any event), so that a tool can tell a key
+// absent for an event from a prefix or scope that finds nothing of idem's
+// at all. known is false when the scan stopped at its budget (scanBudget
+// keys a node) without finding one: then it cannot say.
+func AnyOf(ctx context.Context, rdb redis.UniversalClient, prefix, scope string) (found, known bool, err error) {
+	// Both key shapes of Key: prefix:scope:id and prefix:scope%:id.
+	pattern := globEscape(prefix+":"+scope) + "[:%]*"
+	scan := func(ctx context.Context, c redis.Cmdable) (bool, bool, error) {
+		var cursor uint64
+		for read := 0; read < scanBudget; {
+			keys, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
+			if err != nil {
+				return false, false, err
+			}
+			if len(keys) > 0 {
+				return true, true, nil
+			}
+			read += 1000
+			if cursor = next; cursor == 0 {
+				return false, true, nil
+			}
+		}
+		return false, false, nil
+	}
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return scan(ctx, rdb)
+	}
+	var mu sync.Mutex
+	known = true
+	err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		f, k, err := scan(ctx, node)
+		mu.Lock()
+		defer mu.Unlock()
+		found, known = found || f, known && k
+		return err
+	})
+	if found {
+		return true, true, nil
+	}
+	return false, known && err == nil, err
+}
+
+// globEscape escapes what a SCAN MATCH pattern reads as a wildcard.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\^`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }

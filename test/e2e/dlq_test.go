@@ -66,6 +66,10 @@ func TestDeadLetterTools(t *testing.T) {
 	out := ok("dlq", "show", "--event", "evt_neg")
 	require.Regexp(t, `event_id:\s+evt_neg\n`, out)
 	require.Regexp(t, `reason:\s+invalid_field\n`, out)
+	// An undecodable one has no event ID: its message ID is not shown as
+	// one (it was, under event_id:).
+	out = ok("dlq", "show", "--reason", "invalid_json")
+	require.Regexp(t, `event_id:\s+\(none read: the consumer did not decode one`, out)
 	require.Contains(t, ok("dlq", "purge", "--reason", "invalid_field", "--yes"), "purged 1 dead letters")
 	waitDLQ(4)
 	// A reason idem never writes is refused, naming the known ones.
@@ -135,6 +139,14 @@ func TestDeadLetterTools(t *testing.T) {
 	require.Regexp(t, `redis \S+:evt_p:\s+done, payload hash [0-9a-f]{64}`, out)
 	require.Regexp(t, `marker history:\s+[0-9a-f]{12}, the database's now: trusted`, out)
 	require.Contains(t, out, "user user_poison, amount 7")
+	require.NotContains(t, out, "at all")
+	// With a prefix the consumers do not use, "no key" is not left to pass
+	// for an answer about the event.
+	other := "not-the-consumers-" + testenv.Name(t)
+	r := e.run([]string{"IDEM_REDIS_PREFIX=" + other}, "inspect", "evt_p")
+	require.Zero(t, r.code, r.out)
+	require.Regexp(t, `no key \(never claimed`, r.out)
+	require.Contains(t, r.out, "under prefix \""+other+"\" at all")
 
 	// purge: refuses without --yes; deletes only the reason it is given.
 	require.Contains(t, usage("dlq", "purge"), "add --yes")
