@@ -173,18 +173,23 @@ func TestRabbitTLS(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	require.NoError(t, ch.PublishWithContext(ctx, "", q.Name, false, false, amqp.Publishing{Body: []byte("over tls")}))
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		m, ok, err := ch.Get(q.Name, true)
-		require.NoError(t, err)
-		if ok {
-			require.Equal(t, "over tls", string(m.Body))
-			break
+	// sendAndGet publishes body on pub and gets it back on ch.
+	sendAndGet := func(pub *amqp.Channel, body string) {
+		t.Helper()
+		require.NoError(t, pub.PublishWithContext(ctx, "", q.Name, false, false, amqp.Publishing{Body: []byte(body)}))
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			m, ok, err := ch.Get(q.Name, true)
+			require.NoError(t, err)
+			if ok {
+				require.Equal(t, body, string(m.Body))
+				return
+			}
+			require.True(t, time.Now().Before(deadline), "the message never arrived")
+			time.Sleep(20 * time.Millisecond)
 		}
-		require.True(t, time.Now().Before(deadline), "the message never arrived")
-		time.Sleep(20 * time.Millisecond)
 	}
+	sendAndGet(ch, "over tls")
 
 	_, _, err = broker.Dial([]string{url("localhost", unknown.CAFile)}, 0, amqp.Config{})
 	require.ErrorContains(t, err, "certificate", "an unknown CA must be refused")
@@ -202,17 +207,7 @@ func TestRabbitTLS(t *testing.T) {
 	require.NotEmpty(t, wconn.ConnectionState().PeerCertificates, "the wide connection is TLS")
 	wch, err := wconn.Channel()
 	require.NoError(t, err)
-	require.NoError(t, wch.PublishWithContext(ctx, "", q.Name, false, false, amqp.Publishing{Body: []byte("wide over tls")}))
-	for {
-		m, ok, err := ch.Get(q.Name, true)
-		require.NoError(t, err)
-		if ok {
-			require.Equal(t, "wide over tls", string(m.Body))
-			break
-		}
-		require.True(t, time.Now().Before(deadline.Add(10*time.Second)), "the message never arrived")
-		time.Sleep(20 * time.Millisecond)
-	}
+	sendAndGet(wch, "wide over tls")
 	_, _, err = broker.Dial([]string{url("localhost", unknown.CAFile)}, 0, wide)
 	require.ErrorContains(t, err, "certificate", "an unknown CA must be refused on a wide connection too")
 	_, _, err = broker.Dial([]string{url("localhost", trusted.CAFile) + "&server_name_indication=mq.example.com"}, 0, wide)
