@@ -146,6 +146,9 @@ func (p *amqpPublisher) send(ctx context.Context, dests map[string]Destination, 
 			Headers:      amqp.Table{"x-idem-scope": w.scope, "x-idem-event-id": w.eventID, "x-idem-index": int32(w.idx)},
 			Body:         w.body,
 		}}
+		if t := w.sourceTime(); t != "" {
+			msgs[k].Headers[HeaderSourceTime] = t
+		}
 	}
 	var lost error
 	for k, res := range pub.Publish(ctx, msgs...) {

@@ -156,6 +156,9 @@ func (s *httpSender) send(ctx context.Context, d Destination, w *row) result {
 		req.Header.Set("X-Idem-Type", w.typ)
 	}
 	req.Header.Set("X-Idem-Event-Id", w.eventID)
+	if t := w.sourceTime(); t != "" {
+		req.Header.Set("X-Idem-Source-Time", t)
+	}
 	// What the answer must not quote: the header values, and the URL's
 	// credentials (an API may echo the request's ?access_token=…).
 	secrets := append(headerValues(d.Header), redact.URLSecrets(d.URL)...)

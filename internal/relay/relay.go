@@ -255,10 +255,25 @@ type row struct {
 	body                         []byte
 	attempts                     int
 	created                      time.Time
+	eventAt                      *time.Time    // the sending event's time; nil: untimed
 	age                          time.Duration // at the claim, by the database's clock
 }
 
 func (w *row) messageID() string { return MessageID(w.scope, w.eventID, w.idx) }
+
+// sourceTime is the sending event's time as the relay sends it
+// (x-idem-source-time, X-Idem-Source-Time): RFC 3339 with nanoseconds, in
+// UTC; empty when the event was untimed.
+func (w *row) sourceTime() string {
+	if w.eventAt == nil {
+		return ""
+	}
+	return w.eventAt.UTC().Format(time.RFC3339Nano)
+}
+
+// HeaderSourceTime is the AMQP header a relayed message carries the sending
+// event's time in (HTTP: X-Idem-Source-Time).
+const HeaderSourceTime = "x-idem-source-time"
 
 // result is how a row's publish ended.
 type result struct {
@@ -279,7 +294,7 @@ const claim = `WITH lanes AS (
 	SELECT lane FROM idem_outbox_lane WHERE lane = ANY($2::smallint[]) FOR UPDATE SKIP LOCKED
 )
 SELECT o.id, o.scope, o.event_id, o.idx, o.destination, o.key, o.type, o.content_type, o.body, o.attempts, o.created_at,
-	(extract(epoch FROM clock_timestamp() - o.created_at) * 1e6)::bigint
+	(extract(epoch FROM clock_timestamp() - o.created_at) * 1e6)::bigint, o.event_at
 FROM idem_outbox o
 WHERE o.state = 'pending' AND o.next_at <= now() AND o.lane IN (SELECT lane FROM lanes)
 ORDER BY o.id LIMIT $1
@@ -336,7 +351,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, lanes []int16) ([]*row, er
 	for rs.Next() {
 		w := &row{}
 		if err := rs.Scan(&w.id, &w.scope, &w.eventID, &w.idx, &w.destination, &w.key, &w.typ, &w.ctype, &w.body,
-			&w.attempts, &w.created, &ageMicros); err != nil {
+			&w.attempts, &w.created, &ageMicros, &w.eventAt); err != nil {
 			rs.Close()
 			return nil, fmt.Errorf("claim: %w", err)
 		}

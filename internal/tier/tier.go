@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // FastState is the fast tier's answer for one event.
@@ -107,8 +108,33 @@ type Apply struct {
 	// IDs are the IDs of the events whose dedup rows the transaction
 	// holds, in no particular order.
 	IDs []string
+	// Times are the events' times, by index of IDs (zero: untimed); nil
+	// when no event has one.
+	Times []time.Time
 
-	set map[string]bool // IDs, built on the first Holds of a large batch
+	set map[string]bool      // IDs, built on the first Holds of a large batch
+	at  map[string]time.Time // Times by ID, built on the first TimeOf of one
+}
+
+// TimeOf returns the time of event id (zero if untimed or not held). Like
+// Holds, it is not for concurrent use.
+func (a *Apply) TimeOf(id string) time.Time {
+	if a.Times == nil {
+		return time.Time{}
+	}
+	if len(a.IDs) <= 8 {
+		if i := slices.Index(a.IDs, id); i >= 0 {
+			return a.Times[i]
+		}
+		return time.Time{}
+	}
+	if a.at == nil {
+		a.at = make(map[string]time.Time, len(a.IDs))
+		for i, v := range a.IDs {
+			a.at[v] = a.Times[i]
+		}
+	}
+	return a.at[id]
 }
 
 // Holds reports whether the transaction holds the dedup row of event id.

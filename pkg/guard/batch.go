@@ -457,11 +457,18 @@ func (g *Guard) applyAndCommit(ctx context.Context, tx pgx.Tx, events []Event, c
 		step.Reached(ctx, step.StoreClaimed)
 	}
 	ids := make([]string, len(claimed))
+	var times []time.Time
 	for k, i := range claimed {
 		ids[k] = events[i].ID
+		if t := events[i].Time; !t.IsZero() {
+			if times == nil {
+				times = make([]time.Time, len(claimed))
+			}
+			times[k] = t
+		}
 	}
 	began := time.Now()
-	err := apply(tier.WithApply(ctx, &tier.Apply{Scope: g.scope, IDs: ids}), tx, claimed)
+	err := apply(tier.WithApply(ctx, &tier.Apply{Scope: g.scope, IDs: ids, Times: times}), tx, claimed)
 	g.obs.ObserveStage(ctx, StageApply, len(claimed), time.Since(began), err)
 	if err != nil {
 		return fmt.Errorf("apply: %w", err)

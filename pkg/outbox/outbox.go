@@ -22,6 +22,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemhq/idem/internal/relay"
 	"github.com/idemhq/idem/internal/tier"
@@ -58,8 +59,10 @@ type Message struct {
 }
 
 // insert adds a batch of messages in one statement.
-const insert = `INSERT INTO idem_outbox (scope, event_id, idx, destination, key, lane, type, content_type, body)
-SELECT $1, * FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::smallint[], $7::text[], $8::text[], $9::bytea[])`
+// event_at is the sending event's time (NULL: untimed), which the relay
+// sends along as x-idem-source-time.
+const insert = `INSERT INTO idem_outbox (scope, event_id, idx, destination, key, lane, type, content_type, body, event_at)
+SELECT $1, * FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::smallint[], $7::text[], $8::text[], $9::bytea[], $10::timestamptz[])`
 
 // Enqueue inserts msgs into the outbox through tx. Call it from a handler's
 // Apply or ApplyBatch (or a guard's apply function) with the ctx and tx it
@@ -85,6 +88,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	ids, to, keys, types, ctypes := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	idx, lane := make([]int32, n), make([]int16, n)
 	bodies := make([][]byte, n)
+	at := make([]pgtype.Timestamptz, n)
 	for i, m := range msgs {
 		if err := m.validate(a, known); err != nil {
 			return err
@@ -97,6 +101,9 @@ func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 		if bodies[i] == nil {
 			bodies[i] = []byte{}
 		}
+		if t := a.TimeOf(m.EventID); !t.IsZero() {
+			at[i] = pgtype.Timestamptz{Time: t, Valid: true}
+		}
 		key := m.Key
 		if key == "" {
 			key = m.EventID
@@ -105,7 +112,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 		// drains in order.
 		lane[i] = int16(partition.Of(key, relay.Lanes))
 	}
-	if _, err := tx.Exec(ctx, insert, a.Scope, ids, idx, to, keys, lane, types, ctypes, bodies); err != nil {
+	if _, err := tx.Exec(ctx, insert, a.Scope, ids, idx, to, keys, lane, types, ctypes, bodies, at); err != nil {
 		return fmt.Errorf("outbox: enqueue %d message(s): %w", n, err)
 	}
 	return nil
