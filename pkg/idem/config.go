@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
@@ -76,6 +77,15 @@ type Config struct {
 	// Migrations are the service's own sets (its effect tables), applied
 	// after the guard's when Migrate is set, and checked when it is not.
 	Migrations []migrations.Set
+	// CheckReady, if set, is the service's own start-up check, called once
+	// for each database (shard i of the list, with its pool) after the
+	// migrations are applied or checked and before the consumer starts,
+	// within Consumer.StartupTimeout: a query of each table and column the
+	// handler needs, say. An error ends Run with it, naming the shard, so
+	// that a broken deploy is never ready and takes no delivery; a
+	// database that does not answer is waited for as for idem's own
+	// checks.
+	CheckReady func(ctx context.Context, shard int, db *pgxpool.Pool) error
 	// PruneInterval, if set, deletes dedup rows older than the retention
 	// this often, from every shard, as `idem prune` does. Every
 	// instance of a fleet may run it. Zero leaves pruning to `idem prune`.

@@ -3,10 +3,12 @@ package idem_test
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/internal/testenv"
@@ -130,4 +132,49 @@ func TestAServiceWhoseOwnMigrationsWereNotRunIsTold(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the service started without its own tables")
 	}
+}
+
+// TestABrokenDeployIsRefusedByTheServicesOwnCheck: idem's start-up checks
+// read migration ledgers, so a deploy whose handler needs a column no
+// migration made was ready until traffic arrived. Config.CheckReady runs
+// the service's own check on each database before the consumer starts: its
+// error ends Run, naming the check, with nothing consumed; a check that
+// passes lets the service consume.
+func TestABrokenDeployIsRefusedByTheServicesOwnCheck(t *testing.T) {
+	t.Parallel()
+	_, dbURL := testenv.Schema(t, testenv.Effects)
+	queue := testenv.Queue(t, testenv.AMQPURL())
+	needsColumn := func(ctx context.Context, shard int, db *pgxpool.Pool) error {
+		_, err := db.Exec(ctx, `SELECT refunded_at FROM ledger LIMIT 0`)
+		return err
+	}
+	errc := reviewStart(t, idem.Config{Scope: "pay", DatabaseURL: dbURL, CheckReady: needsColumn,
+		Consumer: consumer.Config{URL: testenv.AMQPURL(), Queue: queue}})
+	select {
+	case err := <-errc:
+		require.ErrorContains(t, err, "CheckReady on the database")
+		require.ErrorContains(t, err, `column "refunded_at" does not exist`)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the service started though its own check failed")
+	}
+
+	var shards []int
+	var mu sync.Mutex
+	ok := func(ctx context.Context, shard int, db *pgxpool.Pool) error {
+		mu.Lock()
+		defer mu.Unlock()
+		shards = append(shards, shard)
+		_, err := db.Exec(ctx, `SELECT event_id FROM ledger LIMIT 0`)
+		return err
+	}
+	errc = reviewStart(t, idem.Config{Scope: "pay", DatabaseURL: dbURL, CheckReady: ok,
+		Consumer: consumer.Config{URL: testenv.AMQPURL(), Queue: queue}})
+	select {
+	case err := <-errc:
+		t.Fatalf("the service stopped though its check passed: %v", err)
+	case <-time.After(3 * time.Second):
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int{0}, shards, "called once, for the one database")
 }

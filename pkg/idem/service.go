@@ -307,6 +307,14 @@ func (s *Service[T]) startUp(ctx context.Context) (notBefore time.Time, former i
 				return notBefore, 0, fmt.Errorf("idem: %s: %w: %s", what("database"), missing, remedy)
 			}
 		}
+		// The service's own check, once its tables are in place.
+		if check := s.cfg.CheckReady; check != nil {
+			if err := wait("the service's CheckReady", func(ctx context.Context) error {
+				return check(ctx, i, pool)
+			}); err != nil {
+				return notBefore, 0, fmt.Errorf("idem: CheckReady on %s: %w", what("the database"), err)
+			}
+		}
 		// A shard must hold the keys the list routes to it.
 		if err := wait("checking the shard's place", func(ctx context.Context) error {
 			return layout.CheckShard(ctx, pool, i, len(s.dbs))
