@@ -100,7 +100,13 @@ that it looked in the wrong place.`)
 		if err := inspectOutbox(ctx, tw, pool, cfg.Scope, id, on, replay); err != nil {
 			return err
 		}
-		n, shown, err := inspectPayment(ctx, tw, pool, id, on)
+		inspectEffects := inspectPayment
+		if q := cfg.Inspect.Effects; q != "" {
+			inspectEffects = func(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, id, on string) (int, bool, error) {
+				return inspectDeclared(ctx, tw, pool, q, id, on)
+			}
+		}
+		n, shown, err := inspectEffects(ctx, tw, pool, id, on)
 		if err != nil {
 			return err
 		}
@@ -329,7 +335,8 @@ func inspectPayment(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, id, o
 		return 0, false, dbErr(err)
 	}
 	if !present {
-		fmt.Fprintf(tw, "effects%s:\tnot shown: this schema has no payments_ledger (another handler's tables); the tiers above say whether the event committed\n", on)
+		// Another handler's tables, and inspect.effects does not say how
+		// to show them: the tiers above say whether the event committed.
 		return 0, false, nil
 	}
 	rows, err := pool.Query(ctx, `SELECT user_id, amount, applied_at FROM payments_ledger WHERE event_id = $1 ORDER BY id`, id)
@@ -354,6 +361,40 @@ func inspectPayment(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, id, o
 		if err := pool.QueryRow(ctx, `SELECT balance FROM account_balances WHERE user_id = $1`, user).Scan(&balance); err == nil {
 			fmt.Fprintf(tw, "balance of %s%s:\t%d\n", user, on, balance)
 		}
+	}
+	return n, true, nil
+}
+
+// inspectDeclared prints the rows the service's own query (inspect.effects)
+// returns for the event, in a READ ONLY transaction: one row per time the
+// effect was applied.
+func inspectDeclared(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, query, id, on string) (int, bool, error) {
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return 0, false, dbErr(err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, query, id)
+	if err != nil {
+		return 0, false, fmt.Errorf("inspect.effects: %w", dbErr(err))
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			return n, true, fmt.Errorf("inspect.effects: %w", err)
+		}
+		var cols []string
+		for k, f := range rows.FieldDescriptions() {
+			cols = append(cols, fmt.Sprintf("%s %v", f.Name, vals[k]))
+		}
+		n++
+		// The service's data: inert, as anything a producer may have written.
+		fmt.Fprintf(tw, "effect row %d%s:\t%s\n", n, on, inert(strings.Join(cols, ", ")))
+	}
+	if err := rows.Err(); err != nil {
+		return n, true, fmt.Errorf("inspect.effects: %w", dbErr(err))
 	}
 	return n, true, nil
 }

@@ -78,6 +78,18 @@ type Config struct {
 	Redis    Redis    `yaml:"redis"`
 	Postgres Postgres `yaml:"postgres"`
 	Outbox   Outbox   `yaml:"outbox"`
+	Inspect  Inspect  `yaml:"inspect"`
+}
+
+// Inspect configures what idem inspect shows of a service's own tables.
+type Inspect struct {
+	// Effects is a read-only SQL query, with the event ID as $1, returning
+	// one row per time the event's effect was applied (the rows it wrote,
+	// keyed by event ID): idem inspect prints each row, counts them in its
+	// verdict, and runs it in a READ ONLY transaction. Empty: the reference
+	// handler's payments_ledger where the schema has it, else no effects
+	// line. Defaults to empty.
+	Effects string `yaml:"effects"`
 }
 
 // Outbox configures the messages handlers send to other systems, and the

@@ -29,12 +29,35 @@ func TestToolsWorkForAnyHandler(t *testing.T) {
 	r := e.run(env, "inspect", "shp_1")
 	require.Zero(t, r.code, r.out)
 	require.Regexp(t, `dedup row:\s+processed .*payload hash 0102`, r.out)
-	require.Contains(t, r.out, "effects:")
-	require.Contains(t, r.out, "not shown: this schema has no payments_ledger")
+	// Without inspect.effects, no line about a table this service lacks.
+	require.NotContains(t, r.out, "effects")
+	require.NotContains(t, r.out, "payments_ledger")
 	require.Regexp(t, `verdict:\s+processed: its dedup row committed`, r.out)
 	r = e.run(env, "inspect", "shp_2")
 	require.Zero(t, r.code, r.out)
 	require.Regexp(t, `verdict:\s+not processed`, r.out)
+
+	// inspect.effects declares how the service's effects are shown: its
+	// rows for the event, counted in the verdict, read only.
+	_, err = pool.Exec(context.Background(), `CREATE TABLE shipments (event_id text, carrier text, weight int);
+		INSERT INTO shipments VALUES ('shp_1', 'dhl', 3)`)
+	require.NoError(t, err)
+	declared := append(env, "IDEM_INSPECT_EFFECTS=SELECT carrier, weight FROM shipments WHERE event_id = $1")
+	r = e.run(declared, "inspect", "shp_1")
+	require.Zero(t, r.code, r.out)
+	require.Regexp(t, `effect row 1:\s+carrier dhl, weight 3\n`, r.out)
+	require.Regexp(t, `verdict:\s+processed once`, r.out)
+	_, err = pool.Exec(context.Background(), `INSERT INTO shipments VALUES ('shp_1', 'ups', 3)`)
+	require.NoError(t, err)
+	r = e.run(declared, "inspect", "shp_1")
+	require.Zero(t, r.code, r.out)
+	require.Regexp(t, `verdict:\s+APPLIED 2 TIMES`, r.out)
+	r = e.run(append(env, "IDEM_INSPECT_EFFECTS=DELETE FROM shipments WHERE event_id = $1"), "inspect", "shp_1")
+	require.NotZero(t, r.code, r.out)
+	require.Contains(t, r.out, "read-only transaction")
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM shipments`).Scan(&n))
+	require.Equal(t, 2, n, "the declared query runs read only")
 
 	// A dead letter as the consumer writes it for any handler: its body is
 	// the service's own, the ID and the reason are in the headers.
