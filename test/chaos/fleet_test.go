@@ -227,7 +227,11 @@ func TestFleetOnClusters(t *testing.T) {
 		require.NoError(t, p.Stop(30*time.Second), "%s must drain and exit 0", p.Name)
 	}
 	after := c.totals()
-	require.Equal(t, int64(len(m.Events)), after["processed"], "nothing applied twice: %v", after)
+	// At most once each by the consumers' count. Fewer is not a loss: a
+	// COMMIT whose answer the stopped shard never sent is of unknown
+	// outcome, so its event's next copy is counted as a duplicate even
+	// when the commit landed; CheckShards below says each applied once.
+	require.LessOrEqual(t, after["processed"], int64(len(m.Events)), "nothing applied twice: %v", after)
 	again := after["duplicate_redis"] - before["duplicate_redis"]
 	require.Greater(t, again, int64(m.Messages/2), "the replayed stream must be dropped mostly by Redis: %v", after)
 	work, dead := c.queued()
