@@ -153,10 +153,7 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 		// letters wait for the next), so that one is left alone. The proxy in front of the
 		// broker closes both sockets: the consumer sees its connection
 		// lost, the broker requeues what it had delivered on it.
-		consuming := func(name string) bool {
-			ours := strings.HasPrefix(name, r.fleet.prefix) || (r.hop != nil && strings.HasPrefix(name, r.hop.prefix))
-			return ours && !strings.HasSuffix(name, broker.PublishingConnectionSuffix)
-		}
+		consuming := r.consuming
 		// The fleet may be between connections (a broker fault just
 		// before closed them all, and a loaded machine reconnects
 		// slowly): wait for one, as relay-cut waits for a publish.
@@ -337,6 +334,14 @@ func (r *run) redisTarget(ctx context.Context) (*sandbox.Redis, string) {
 	return masters[0], fmt.Sprintf("redis master :%d", masters[0].Port)
 }
 
+// consuming reports whether a client-provided connection name is one of
+// the run's consume connections or its relays' (not a publishing
+// connection, whose loss ends no session).
+func (r *run) consuming(name string) bool {
+	ours := strings.HasPrefix(name, r.fleet.prefix) || (r.hop != nil && strings.HasPrefix(name, r.hop.prefix))
+	return ours && !strings.HasSuffix(name, broker.PublishingConnectionSuffix)
+}
+
 // rabbitTarget is the node a rabbit-kill stops: the leader of the first
 // partition queue, unless that is the publisher's node; then another.
 func (r *run) rabbitTarget() *sandbox.RabbitNode {
@@ -344,11 +349,7 @@ func (r *run) rabbitTarget() *sandbox.RabbitNode {
 	// (a consumer may be restarting at that moment: a node whose only
 	// consumer was showed no reconnect), the work queue's leader on a tie.
 	leader, _ := r.rabbit.Leader(r.workQueues()[0])
-	consuming := func(name string) bool {
-		ours := strings.HasPrefix(name, r.fleet.prefix) || (r.hop != nil && strings.HasPrefix(name, r.hop.prefix))
-		return ours && !strings.HasSuffix(name, broker.PublishingConnectionSuffix)
-	}
-	if by, err := r.rabbit.Connections(consuming); err == nil {
+	if by, err := r.rabbit.Connections(r.consuming); err == nil {
 		var best *sandbox.RabbitNode
 		for _, n := range r.rabbit.Nodes {
 			if n == r.pubNode || by[n.Name] == 0 {

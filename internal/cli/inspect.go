@@ -100,13 +100,13 @@ that it looked in the wrong place.`)
 		if err := inspectOutbox(ctx, tw, pool, cfg.Scope, id, on, replay); err != nil {
 			return err
 		}
-		inspectEffects := inspectPayment
+		var n int
+		var shown bool
 		if q := cfg.Inspect.Effects; q != "" {
-			inspectEffects = func(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, id, on string) (int, bool, error) {
-				return inspectDeclared(ctx, tw, pool, q, id, on)
-			}
+			n, shown, err = inspectDeclared(ctx, tw, pool, q, id, on)
+		} else {
+			n, shown, err = inspectPayment(ctx, tw, pool, id, on)
 		}
-		n, shown, err := inspectEffects(ctx, tw, pool, id, on)
 		if err != nil {
 			return err
 		}
@@ -379,6 +379,7 @@ func inspectDeclared(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, quer
 		return 0, false, fmt.Errorf("inspect.effects: %w", dbErr(err))
 	}
 	defer rows.Close()
+	fields := rows.FieldDescriptions()
 	n := 0
 	for rows.Next() {
 		vals, err := rows.Values()
@@ -386,7 +387,7 @@ func inspectDeclared(ctx context.Context, tw io.Writer, pool *pgxpool.Pool, quer
 			return n, true, fmt.Errorf("inspect.effects: %w", err)
 		}
 		var cols []string
-		for k, f := range rows.FieldDescriptions() {
+		for k, f := range fields {
 			cols = append(cols, fmt.Sprintf("%s %v", f.Name, vals[k]))
 		}
 		n++

@@ -112,45 +112,39 @@ type Apply struct {
 	// when no event has one.
 	Times []time.Time
 
-	set map[string]bool      // IDs, built on the first Holds of a large batch
-	at  map[string]time.Time // Times by ID, built on the first TimeOf of one
+	index map[string]int // position in IDs, built on the first lookup in a large batch
+}
+
+// find returns id's position in IDs, or -1. Like the transaction, it is
+// not for concurrent use.
+func (a *Apply) find(id string) int {
+	if len(a.IDs) <= 8 {
+		return slices.Index(a.IDs, id)
+	}
+	if a.index == nil {
+		a.index = make(map[string]int, len(a.IDs))
+		for i, v := range a.IDs {
+			a.index[v] = i
+		}
+	}
+	if i, ok := a.index[id]; ok {
+		return i
+	}
+	return -1
 }
 
 // TimeOf returns the time of event id (zero if untimed or not held). Like
 // Holds, it is not for concurrent use.
 func (a *Apply) TimeOf(id string) time.Time {
-	if a.Times == nil {
-		return time.Time{}
+	if i := a.find(id); a.Times != nil && i >= 0 {
+		return a.Times[i]
 	}
-	if len(a.IDs) <= 8 {
-		if i := slices.Index(a.IDs, id); i >= 0 {
-			return a.Times[i]
-		}
-		return time.Time{}
-	}
-	if a.at == nil {
-		a.at = make(map[string]time.Time, len(a.IDs))
-		for i, v := range a.IDs {
-			a.at[v] = a.Times[i]
-		}
-	}
-	return a.at[id]
+	return time.Time{}
 }
 
 // Holds reports whether the transaction holds the dedup row of event id.
 // Like the transaction, it is not for concurrent use.
-func (a *Apply) Holds(id string) bool {
-	if len(a.IDs) <= 8 {
-		return slices.Contains(a.IDs, id)
-	}
-	if a.set == nil {
-		a.set = make(map[string]bool, len(a.IDs))
-		for _, v := range a.IDs {
-			a.set[v] = true
-		}
-	}
-	return a.set[id]
-}
+func (a *Apply) Holds(id string) bool { return a.find(id) >= 0 }
 
 type applyKey struct{}
 
