@@ -18,7 +18,7 @@ import (
 
 func runMigrate(ctx context.Context, e *Env, args []string) error {
 	fs := NewFlags(e, "migrate", `Creates or updates idem's own tables (idem_processed, idem_horizon,
-idem_shard, idem_stream, idem_outbox; set idem_migrations) in the first
+idem_shard, idem_stream, idem_outbox*; set idem_migrations) in the first
 schema of DATABASE_URL's search_path, or on every database of
 postgres.shards, and records each shard's place in the list. The reference
 handlers' tables (payments_ledger, account_balances, receipts; set

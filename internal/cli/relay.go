@@ -142,8 +142,10 @@ func runOutbox(ctx context.Context, e *Env, args []string) error {
 	const usage = `Usage: idem outbox list [--state S | --dead | --pending] [--scope S] [--destination D] [-n N] [--shard S] [--config F]
        idem outbox replay (--id N[,N…] | --all-dead) [--scope S] [--destination D] [--shard S] [--config F]
 
-list shows outbox rows, oldest first: message ID, event, destination, state,
-attempts and the last error. replay makes dead rows pending again with a
+list shows the destinations a relay has paused (distinct rows failed alike:
+their rows stay pending and spend no attempt while one row probes), then
+outbox rows, oldest first: message ID, event, destination, state, attempts
+and the last error. replay makes dead rows pending again with a
 fresh attempt budget; the relay publishes them with their original message
 IDs, so a receiver that already took one drops it. --scope and
 --destination keep to one service's rows and one destination's, in both.
@@ -229,6 +231,36 @@ every shard's dead rows, or with --shard S only that shard's.`
 	case *pending:
 		state = "pending"
 	}
+	paused := map[string]bool{} // by shard prefix and destination
+	pw := tabwriter.NewWriter(e.Stdout, 0, 0, 2, ' ', 0)
+	header := false
+	for i, pool := range dbs {
+		if *shard >= 0 && i != *shard {
+			continue
+		}
+		ps, updated, err := relay.ReadPauses(ctx, pool)
+		if err != nil {
+			return dbErr(err)
+		}
+		for k, p := range ps {
+			if *dest != "" && p.Destination != *dest {
+				continue
+			}
+			if !header {
+				fmt.Fprintln(pw, "PAUSED\tBY RELAY\tSINCE\tCLASS\tPROBES FAILED\tNEXT PROBE\tWRITTEN\tLAST ERROR")
+				header = true
+			}
+			paused[shardPrefix(dbs, i)+p.Destination] = true
+			fmt.Fprintf(pw, "%s%s\t%s\t%s ago\t%s\t%d\t%s\t%s ago\t%s\n", shardPrefix(dbs, i), inert(p.Destination), inert(p.Relay),
+				time.Since(p.Since).Round(time.Second), inert(p.Class), p.Probes, probeIn(p.NextProbe),
+				time.Since(updated[k]).Round(time.Second), inert(e.red.String(p.LastError)))
+		}
+	}
+	if header {
+		_ = pw.Flush()
+		fmt.Fprintln(e.Stdout, "(a paused destination's rows stay pending and spend no attempt; it resumes by itself once a probe is answered)")
+		fmt.Fprintln(e.Stdout)
+	}
 	tw := tabwriter.NewWriter(e.Stdout, 0, 0, 2, ' ', 0)
 	defer tw.Flush()
 	fmt.Fprintln(tw, "ID\tMESSAGE ID\tSCOPE/EVENT\tTO\tKEY\tSTATE\tATTEMPTS\tAGE\tLAST ERROR")
@@ -241,6 +273,9 @@ every shard's dead rows, or with --shard S only that shard's.`
 			return dbErr(err)
 		}
 		for _, m := range msgs {
+			if m.State == "pending" && paused[shardPrefix(dbs, i)+m.Destination] {
+				m.State = "pending (paused)"
+			}
 			// The error may quote an HTTP destination's URL (rows written
 			// before the relay masked it): masked here, before the columns
 			// are aligned, rather than by the output's redactor after.
@@ -249,6 +284,14 @@ every shard's dead rows, or with --shard S only that shard's.`
 		}
 	}
 	return nil
+}
+
+// probeIn says when a paused destination's next probe is due.
+func probeIn(at time.Time) string {
+	if d := time.Until(at); d > 0 {
+		return "in " + d.Round(100*time.Millisecond).String()
+	}
+	return "due"
 }
 
 func btoi(b bool) int {

@@ -116,6 +116,14 @@ type Outbox struct {
 	// header is Headers with its values read, by Load: destination name ⇒
 	// its requests' headers.
 	header map[string]http.Header
+	// FinalStatuses sets, per http(s) destination, which answers are
+	// final (the row dead at once): <destination>=<statuses>, separated by
+	// spaces, where <statuses> lists statuses and ranges, 300 to 599,
+	// separated by commas, or "none". A destination not named keeps the default: a 3xx or 4xx
+	// but 401, 403, 408, 425 and 429. Any other failing answer is tried
+	// again, and pauses the destination when distinct rows keep failing
+	// alike. Defaults to empty.
+	FinalStatuses string `yaml:"final_statuses"`
 	// BatchSize is the most rows one relay pass claims. Defaults to 500.
 	BatchSize int `yaml:"batch_size"`
 	// PollInterval is how often an idle relay looks for rows without a
@@ -385,6 +393,12 @@ func (c Config) RelayConfig() relay.Config {
 	for name, h := range c.Outbox.header {
 		d := dests[name]
 		d.Header = h.Clone()
+		dests[name] = d
+	}
+	final, _ := parseFinalStatuses(c.Outbox.FinalStatuses) // Validate parsed it
+	for name, codes := range final {
+		d := dests[name]
+		d.Final = codes
 		dests[name] = d
 	}
 	return relay.Config{

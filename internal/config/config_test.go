@@ -257,6 +257,33 @@ func TestOutboxHeadersAreReadFromTheEnvironment(t *testing.T) {
 	require.Nil(t, cfg.Outbox.header, "no headers by default")
 }
 
+// TestOutboxFinalStatusesPerDestination: outbox.final_statuses sets which
+// answers are final for the destinations it names; the others keep the
+// default (nil); a bad entry is refused naming it.
+func TestOutboxFinalStatusesPerDestination(t *testing.T) {
+	env := map[string]string{
+		"IDEM_OUTBOX_DESTINATIONS":   "mailer=https://mail.example/send hook=https://h.example/ receipts=queue:r",
+		"IDEM_OUTBOX_FINAL_STATUSES": "mailer=400,409-410 hook=none",
+	}
+	cfg, err := load(t, "", env)
+	require.NoError(t, err)
+	dests := cfg.RelayConfig().Destinations
+	require.Equal(t, []int{400, 409, 410}, dests["mailer"].Final)
+	require.Equal(t, []int{}, dests["hook"].Final)
+	require.Nil(t, dests["receipts"].Final)
+	for final, want := range map[string]string{
+		"sms=400":         `outbox.final_statuses: "sms" is not one of outbox.destinations`,
+		"receipts=400":    `outbox.final_statuses: "receipts" is queue:r/1, not an http(s) URL`,
+		"mailer=4xx":      `outbox.final_statuses: mailer: "4xx": want a status or a range of them, 300 to 599`,
+		"mailer":          `outbox.final_statuses: "mailer": want <destination>=<statuses>`,
+		"hook=400 hook=1": `outbox.final_statuses: "hook": destination named twice`,
+	} {
+		env["IDEM_OUTBOX_FINAL_STATUSES"] = final
+		_, err := load(t, "", env)
+		require.ErrorContains(t, err, want, final)
+	}
+}
+
 // TestOutboxHeadersErrors: a bad outbox.headers is refused at start, naming
 // the entry (destination:header) and the variable, never a value.
 func TestOutboxHeadersErrors(t *testing.T) {

@@ -142,3 +142,29 @@ func isEnvName(s string) bool {
 	}
 	return true
 }
+
+// parseFinalStatuses reads outbox.final_statuses: <destination>=<statuses>
+// separated by spaces, <statuses> as relay.ParseStatuses takes them or
+// "none".
+func parseFinalStatuses(s string) (map[string][]int, error) {
+	out := map[string][]int{}
+	for _, f := range strings.Fields(s) {
+		name, list, ok := strings.Cut(f, "=")
+		if !ok || name == "" || list == "" {
+			return nil, fmt.Errorf("%q: want <destination>=<statuses> (400,404,409-422) or <destination>=none", f)
+		}
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("%q: destination named twice", name)
+		}
+		if list == "none" {
+			out[name] = []int{}
+			continue
+		}
+		codes, err := relay.ParseStatuses(list)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		out[name] = codes
+	}
+	return out, nil
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -213,6 +214,18 @@ func (c Config) validateOutbox() error {
 	}
 	if err := validateHeaders(refs, dests); err != nil {
 		return err
+	}
+	final, err := parseFinalStatuses(c.Outbox.FinalStatuses)
+	if err != nil {
+		return bad("outbox.final_statuses", "%v", err)
+	}
+	for _, name := range slices.Sorted(maps.Keys(final)) {
+		switch d, ok := dests[name]; {
+		case !ok:
+			return bad("outbox.final_statuses", "%q is not one of outbox.destinations", name)
+		case d.Kind != relay.HTTP:
+			return bad("outbox.final_statuses", "%q is %s, not an http(s) URL; only HTTP destinations answer with a status", name, d)
+		}
 	}
 	if _, ok := dests[c.Outbox.Emit]; c.Outbox.Emit != "" && len(dests) > 0 && !ok {
 		return bad("outbox.emit", "%q is not one of outbox.destinations (%s)", c.Outbox.Emit, strings.Join(relay.Names(dests), ", "))

@@ -60,17 +60,23 @@ func (p *amqpPublisher) lastRefusal() error {
 	return nil
 }
 
+// connName is the relay's connection name: its Name, or
+// idem-relay-<host>-<pid>. Its pauses are recorded under it.
+func (p *amqpPublisher) connName() string {
+	if p.name != "" {
+		return p.name
+	}
+	host, _ := os.Hostname()
+	return fmt.Sprintf("idem-relay-%s-%d", host, os.Getpid())
+}
+
 // publisher returns a running publisher, dialling within ctx if need be.
 func (p *amqpPublisher) publisher(ctx context.Context) (*broker.Publisher, error) {
 	if p.pub != nil && p.pub.Err() == nil {
 		return p.pub, nil
 	}
 	p.close()
-	name := p.name
-	if name == "" {
-		name = fmt.Sprintf("idem-relay-%d", os.Getpid())
-	}
-	conn, i, err := broker.DialContext(ctx, p.urls, p.next, amqp.Config{Properties: amqp.Table{"connection_name": name}})
+	conn, i, err := broker.DialContext(ctx, p.urls, p.next, amqp.Config{Properties: amqp.Table{"connection_name": p.connName()}})
 	if err != nil {
 		p.next++
 		if !broker.IsRefused(err) {
@@ -158,12 +164,18 @@ func (p *amqpPublisher) send(ctx context.Context, dests map[string]Destination, 
 		case broker.Confirmed:
 			results[i] = result{sent: true}
 			delete(p.suspect, id)
-		case broker.Returned, broker.Nacked, broker.Invalid:
+		case broker.Returned:
+			results[i] = result{err: fmt.Errorf("amqp: %w", res.Err), class: "amqp: returned unroutable"}
+			delete(p.suspect, id)
+		case broker.Nacked:
+			results[i] = result{err: fmt.Errorf("amqp: %w", res.Err), class: "amqp: nacked"}
+			delete(p.suspect, id)
+		case broker.Invalid:
 			results[i] = result{err: fmt.Errorf("amqp: %w", res.Err)}
 			delete(p.suspect, id)
 		case broker.Refused:
 			if len(idx) == 1 {
-				results[i] = result{err: fmt.Errorf("amqp: %w", res.Err)}
+				results[i] = result{err: fmt.Errorf("amqp: %w", res.Err), class: refusedClass(res.Err)}
 				delete(p.suspect, id)
 			} else {
 				p.suspect[id] = true
@@ -179,6 +191,17 @@ func (p *amqpPublisher) send(ctx context.Context, dests map[string]Destination, 
 		p.close()
 	}
 	return lost
+}
+
+// refusedClass is the pause class of a publish the broker refused by
+// closing the channel: its reply code (404 no such exchange, 403 access
+// refused, ...).
+func refusedClass(err error) string {
+	var ae *amqp.Error
+	if errors.As(err, &ae) {
+		return fmt.Sprintf("amqp: channel closed %d", ae.Code)
+	}
+	return "amqp: channel closed"
 }
 
 func (p *amqpPublisher) close() {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -46,6 +47,58 @@ type Destination struct {
 	// holds the row back without spending an attempt (it was never sent)
 	// and is reported by Ready.
 	Request func(*http.Request) error
+	// Final lists the HTTP statuses that are final for this destination:
+	// a row answered so goes dead at once. nil: DefaultFinal. Any other
+	// failing status is tried again later, and counts towards a pause
+	// (PauseRows).
+	Final []int
+}
+
+// DefaultFinal reports whether an HTTP status is final by default: a 3xx
+// or 4xx but 401 and 403 (a rotated or wrong credential, rarely the row's
+// fault: they pause the destination instead), 408, 425 and 429.
+func DefaultFinal(code int) bool {
+	switch code {
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return code >= 300 && code < 500
+}
+
+// final reports whether the destination's answer code is final.
+func (d Destination) final(code int) bool {
+	if d.Final == nil {
+		return DefaultFinal(code)
+	}
+	return slices.Contains(d.Final, code)
+}
+
+// ParseStatuses reads a list of HTTP statuses and ranges (400-499),
+// separated by commas, each 300 to 599.
+func ParseStatuses(s string) ([]int, error) {
+	out := []int{}
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		lo, hi, isRange := strings.Cut(f, "-")
+		a, err1 := strconv.Atoi(lo)
+		b, err2 := a, error(nil)
+		if isRange {
+			b, err2 = strconv.Atoi(hi)
+		}
+		if err1 != nil || err2 != nil || a < 300 || b > 599 || a > b {
+			return nil, fmt.Errorf("%q: want a status or a range of them, 300 to 599", f)
+		}
+		for c := a; c <= b; c++ {
+			if !slices.Contains(out, c) {
+				out = append(out, c)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // String describes d for logs and errors; an HTTP destination's URL has its

@@ -129,8 +129,10 @@ func heldBack(rows []*row, idx []int, results []result) error {
 }
 
 // send posts one row and classifies the answer: 2xx (and the configured
-// done status) is sent; 408, 425, 429, 5xx and transport errors are tried
-// again later; any other 4xx will not pass and is dead at once. Its error
+// done status) is sent; a status the destination holds final (by default
+// a 3xx or 4xx but 401, 403, 408, 425 and 429: Destination.Final) is dead
+// at once; any other, and no answer, is tried again later, and counts
+// towards the destination's pause in its class. Its error
 // goes into the row's last_error and the relay's log: it quotes the URL with
 // its credentials masked, and the start of the response's body as valid
 // text, with the values of the destination's headers and of those the
@@ -182,7 +184,7 @@ func (s *httpSender) send(ctx context.Context, d Destination, w *row) result {
 		return result{skipped: true}
 	}
 	if err != nil {
-		return result{err: fmt.Errorf("http: %w", redactURL(err))}
+		return result{err: fmt.Errorf("http: %w", redactURL(err)), class: "http: no answer"}
 	}
 	defer resp.Body.Close()
 	snippet := readSnippet(resp.Body, secrets)
@@ -191,10 +193,14 @@ func (s *httpSender) send(ctx context.Context, d Destination, w *row) result {
 	switch {
 	case code >= 200 && code < 300, s.done != 0 && code == s.done:
 		return result{sent: true}
-	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code == http.StatusTooManyRequests, code >= 500:
-		return result{err: fmt.Errorf("http %d: %s", code, snippet), after: retryAfter(resp.Header.Get("Retry-After"))}
+	case d.final(code):
+		return result{err: fmt.Errorf("http %d: %s", code, snippet), final: true}
 	}
-	return result{err: fmt.Errorf("http %d: %s", code, snippet), final: true}
+	class := fmt.Sprintf("http %d", code)
+	if code >= 500 {
+		class = "http 5xx"
+	}
+	return result{err: fmt.Errorf("http %d: %s", code, snippet), after: retryAfter(resp.Header.Get("Retry-After")), class: class}
 }
 
 // runHook calls hook on req and waits for it until ctx ends or the

@@ -71,7 +71,8 @@ func TestAnAnswerQuotingTheURLsCredentialsIsMasked(t *testing.T) {
 	u := strings.Replace(srv.URL, "://", "://"+user+"@", 1) + "/v1/pay?region=eu&access_token=" + token
 	res := newHTTPSender(5*time.Second, 0).send(context.Background(), Destination{Kind: HTTP, URL: u}, &row{scope: "pay", eventID: "e1", ctype: "application/json"})
 	require.Error(t, res.err)
-	require.True(t, res.final)
+	require.False(t, res.final, "a 401 is tried again by default")
+	require.Equal(t, "http 401", res.class, "and counts towards a pause")
 	msg := res.err.Error()
 	require.NotContains(t, msg, token)
 	require.NotContains(t, msg, user)

@@ -19,6 +19,7 @@ type Metrics struct {
 	oldest    prometheus.Gauge
 	dead      prometheus.Gauge
 	refusals  prometheus.Counter
+	pausedG   *prometheus.GaugeVec
 }
 
 // NewMetrics registers the relay's metrics on reg. Every destination's
@@ -50,8 +51,12 @@ func NewMetrics(reg prometheus.Registerer, destinations []string) (*Metrics, err
 			Name: "idem_outbox_broker_refusals_total",
 			Help: "Relay connections RabbitMQ refused (403 access refused, 530 not allowed) or dropped during the handshake, which amqp091 reports alike; each pass tries again. Lasting: the credentials, vhost, permissions or a connection limit; passing: a broker restarting or a network fault.",
 		}),
+		pausedG: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idem_outbox_destination_paused",
+			Help: "1 while this relay holds the destination paused: its rows failed alike (an HTTP 401, 403 or 5xx, no answer, unroutable, nacked), so they stay pending, spend no attempt, and one row probes on a backoff; idem outbox list shows why.",
+		}, []string{"destination"}),
 	}
-	for _, c := range []prometheus.Collector{m.published, m.latency, m.pending, m.oldest, m.dead, m.refusals} {
+	for _, c := range []prometheus.Collector{m.published, m.latency, m.pending, m.oldest, m.dead, m.refusals, m.pausedG} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -61,6 +66,7 @@ func NewMetrics(reg prometheus.Registerer, destinations []string) (*Metrics, err
 			m.published.WithLabelValues(d, r)
 		}
 		m.latency.WithLabelValues(d)
+		m.pausedG.WithLabelValues(d)
 	}
 	return m, nil
 }
@@ -82,6 +88,20 @@ func (m *Metrics) failed(destination string, dead bool) {
 		r = "dead"
 	}
 	m.published.WithLabelValues(destination, r).Inc()
+}
+
+// paused sets whether a destination is paused. Several relays (a process's
+// shards) share the gauge: the last to change it wins, as each pauses and
+// resumes on the same destination's answers.
+func (m *Metrics) paused(destination string, on bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if on {
+		v = 1
+	}
+	m.pausedG.WithLabelValues(destination).Set(v)
 }
 
 // refused counts a connection the broker refused or dropped during the

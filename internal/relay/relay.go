@@ -112,12 +112,13 @@ func (c Config) WithDefaults() Config {
 
 // Relay publishes the outbox. Create it with New, run it with Run.
 type Relay struct {
-	cfg   Config
-	log   *slog.Logger
-	amqp  *amqpPublisher
-	http  *httpSender
-	lane  int // the first lane of the next pass
-	ready atomic.Value
+	cfg    Config
+	log    *slog.Logger
+	amqp   *amqpPublisher
+	http   *httpSender
+	lane   int // the first lane of the next pass
+	ready  atomic.Value
+	pauses *pauses
 }
 
 // New checks cfg and returns a Relay.
@@ -142,6 +143,7 @@ func New(cfg Config) (*Relay, error) {
 		}
 	}
 	r.amqp = &amqpPublisher{urls: cfg.AMQPURLs, name: cfg.Name, metrics: cfg.Metrics}
+	r.pauses = newPauses(cfg, r.amqp.connName())
 	r.http = newHTTPSender(cfg.PublishTimeout, cfg.DoneStatus)
 	r.ready.Store("not started")
 	return r, nil
@@ -149,14 +151,22 @@ func New(cfg Config) (*Relay, error) {
 
 // Ready returns nil once a pass has run, the last one reached the
 // database, the last one with rows reached their destinations (their
-// request hooks too), and the broker has not refused the relay's
-// connection lately; otherwise why not.
+// request hooks too), the broker has not refused the relay's connection
+// lately, and no destination is paused; otherwise why not.
 func (r *Relay) Ready() error {
+	var errs []error
 	if s := r.ready.Load().(string); s != "" {
-		return errors.New(s)
+		errs = append(errs, errors.New(s))
 	}
-	return r.amqp.lastRefusal()
+	errs = append(errs, r.amqp.lastRefusal())
+	for _, p := range r.pauses.Paused() {
+		errs = append(errs, errors.New(p.String()))
+	}
+	return errors.Join(errs...)
 }
+
+// Paused lists the destinations this relay has paused now (PauseRows).
+func (r *Relay) Paused() []Pause { return r.pauses.Paused() }
 
 // Run relays until ctx ends. It returns nil then, once its helpers (the
 // listener, retention, the metrics' watch) have ended; other errors come
@@ -185,6 +195,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
+		r.pauses.record(ctx)
 		if p.lastErr != nil {
 			lastRefused = p.lastErr
 		}
@@ -281,15 +292,23 @@ type result struct {
 	err   error // the failure, when not sent
 	final bool  // the failure will not pass: dead at once
 	after time.Duration
+	// class, for a failure that is the destination's fault rather than
+	// the row's: what it counts as towards a pause (PauseRows).
+	class string
 	// skipped: not tried (an earlier row of its key failed, or the
-	// destination could not be reached); the row stays as it was.
+	// destination could not be reached, or is paused); the row stays as
+	// it was.
 	skipped bool
+	// paused, with skipped: its destination is paused (or paused as it
+	// failed).
+	paused bool
 	// held, with skipped: why the row was not sent though its destination
 	// may be fine (its request hook failed), for the pass to report.
 	held error
 }
 
-// claim takes up to BatchSize pending rows, due now, of the pass's lanes.
+// claim takes up to BatchSize pending rows, due now, of the pass's lanes,
+// but those of the destinations paused with no probe due ($3).
 const claim = `WITH lanes AS (
 	SELECT lane FROM idem_outbox_lane WHERE lane = ANY($2::smallint[]) FOR UPDATE SKIP LOCKED
 )
@@ -297,6 +316,7 @@ SELECT o.id, o.scope, o.event_id, o.idx, o.destination, o.key, o.type, o.content
 	(extract(epoch FROM clock_timestamp() - o.created_at) * 1e6)::bigint, o.event_at
 FROM idem_outbox o
 WHERE o.state = 'pending' AND o.next_at <= now() AND o.lane IN (SELECT lane FROM lanes)
+	AND o.destination <> ALL($3::text[])
 ORDER BY o.id LIMIT $1
 FOR UPDATE OF o SKIP LOCKED`
 
@@ -342,7 +362,7 @@ func (r *Relay) pass(ctx context.Context) (passResult, error) {
 }
 
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx, lanes []int16) ([]*row, error) {
-	rs, err := tx.Query(ctx, claim, r.cfg.BatchSize, lanes)
+	rs, err := tx.Query(ctx, claim, r.cfg.BatchSize, lanes, r.pauses.Held())
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
@@ -369,10 +389,12 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, lanes []int16) ([]*row, er
 // or a request hook that failed (their rows are skipped, not failed).
 func (r *Relay) publish(ctx context.Context, rows []*row) ([]result, error) {
 	results := make([]result, len(rows))
+	dones := r.pauses.admit(rows, results)
 	var amqpRows, httpRows []int
 	for i, w := range rows {
 		d, ok := r.cfg.Destinations[w.destination]
 		switch {
+		case results[i].paused:
 		case !ok:
 			results[i] = result{err: fmt.Errorf("no destination %q in outbox.destinations", w.destination), final: true}
 		case d.Kind == HTTP:
@@ -397,6 +419,7 @@ func (r *Relay) publish(ctx context.Context, rows []*row) ([]result, error) {
 		cancel()
 	}
 	errs = append(errs, <-done)
+	r.pauses.judge(rows, results, dones)
 	return results, errors.Join(errs...)
 }
 

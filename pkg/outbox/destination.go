@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 
@@ -56,6 +57,15 @@ type Destination struct {
 	// above, so it should hold no other secret), backs off as from a
 	// broker outage, and says so in Ready.
 	Request func(*http.Request) error
+	// FinalStatuses lists the HTTP answers that make a row dead at once
+	// (the row's own fault: it will never pass), each 300 to 599. nil: a
+	// 3xx or 4xx but 401, 403, 408, 425 and 429; an empty, non-nil list:
+	// none. Any other failing answer, and no answer, is tried again, and
+	// when distinct rows keep failing alike (5 in a row, in
+	// one class: one status, or any 5xx) the destination pauses: its rows
+	// stay pending and spend no attempt, the relay is not ready and says
+	// why, and one row probes on the backoff until one is answered.
+	FinalStatuses []int
 }
 
 // relayed checks d, named name, and returns it as the relay takes it.
@@ -81,8 +91,13 @@ func (d Destination) relayed(name string) (relay.Destination, error) {
 		return relay.Destination{}, fail("Partitions is for a Queue destination")
 	case d.Exchange == "" && d.RoutingKey != "":
 		return relay.Destination{}, fail("RoutingKey is for an Exchange destination")
-	case d.URL == "" && (d.Header != nil || d.Request != nil):
-		return relay.Destination{}, fail("Header and Request are for a URL destination")
+	case d.URL == "" && (d.Header != nil || d.Request != nil || d.FinalStatuses != nil):
+		return relay.Destination{}, fail("Header, Request and FinalStatuses are for a URL destination")
+	}
+	for _, c := range d.FinalStatuses {
+		if c < 300 || c > 599 {
+			return relay.Destination{}, fail("FinalStatuses: %d: want 300 to 599 (a 2xx is sent)", c)
+		}
 	}
 	out := relay.Destination{Name: name}
 	switch {
@@ -112,6 +127,9 @@ func (d Destination) relayed(name string) (relay.Destination, error) {
 			return relay.Destination{}, fail("Header: %v", err)
 		}
 		out.Kind, out.URL, out.Header, out.Request = relay.HTTP, d.URL, d.Header.Clone(), d.Request
+		if d.FinalStatuses != nil {
+			out.Final = slices.Clone(d.FinalStatuses)
+		}
 	}
 	return out, nil
 }

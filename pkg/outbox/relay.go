@@ -47,7 +47,7 @@ type RelayConfig struct {
 	Destinations map[string]Destination
 	// Name is the client-provided name of the relay's RabbitMQ
 	// connections, a shard's with "-shard<i>" added. Defaults to
-	// idem-relay-<pid>; the front door's to Consumer.ConnectionName and
+	// idem-relay-<host>-<pid>; the front door's to Consumer.ConnectionName and
 	// "-relay".
 	Name string
 	// BatchSize is the most rows one pass claims, 1 to 4096. Defaults to
