@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -88,12 +89,13 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 		fl, slot := r.slot(p.Slot)
 		name, err := fl.arm(slot, p.Step, p.After)
 		return fmt.Sprintf("%s armed to SIGKILL itself at %s (pass %d)", name, p.Step, p.After), err
-	case HTTPFail, HTTPSlow:
-		r.api.set(p.Kind == HTTPFail, p.Kind == HTTPSlow)
+	case HTTPFail, HTTPSlow, HTTP401:
+		status := map[Kind]int{HTTPFail: http.StatusServiceUnavailable, HTTP401: http.StatusUnauthorized}[p.Kind]
+		r.api.set(status, p.Kind == HTTPSlow)
 		hold()
-		r.api.set(false, false)
-		if p.Kind == HTTPFail {
-			return fmt.Sprintf("the API answered 503 for %s", p.For), nil
+		r.api.set(0, false)
+		if status != 0 {
+			return fmt.Sprintf("the API answered %d for %s", status, p.For), nil
 		}
 		return fmt.Sprintf("the API answered after %s (past the relays' 1s timeout) for %s", r.api.slow, p.For), nil
 	case RedisKill:

@@ -31,8 +31,8 @@ const (
 
 // api is the HTTP destination of the second hop. It records every request
 // by its Idempotency-Key and acts on a key the first time only, as an API
-// that honours the key does; during an http-fail fault it answers 503, and
-// during http-slow it answers after slow (past the relays' publish
+// that honours the key does; during an http-fail fault it answers 503,
+// during http-401 401, and during http-slow it answers after slow (past the relays' publish
 // timeout, so that they give up on requests it acts on).
 type api struct {
 	srv  *http.Server
@@ -41,7 +41,7 @@ type api struct {
 
 	mu      sync.Mutex
 	seen    map[string]int
-	failing bool
+	failing int // the status it answers instead of acting; 0: none
 	slowing bool
 }
 
@@ -61,19 +61,19 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key := r.Header.Get("Idempotency-Key")
 	a.mu.Lock()
 	failing, slowing := a.failing, a.slowing
-	if !failing && key != "" {
+	if failing == 0 && key != "" {
 		a.seen[key]++ // acted on the first time; every later time only answered
 	}
 	a.mu.Unlock()
 	switch {
-	case failing:
-		w.WriteHeader(http.StatusServiceUnavailable)
+	case failing != 0:
+		w.WriteHeader(failing)
 	case slowing:
 		time.Sleep(a.slow)
 	}
 }
 
-func (a *api) set(failing, slowing bool) {
+func (a *api) set(failing int, slowing bool) {
 	a.mu.Lock()
 	a.failing, a.slowing = failing, slowing
 	a.mu.Unlock()
@@ -280,6 +280,7 @@ func (res *Result) printHop(t *table) {
 	t.row("receipts consumers: applied", res.HopOutcomes["processed"])
 	t.row("receipts consumers: duplicates dropped", res.HopOutcomes["duplicate_redis"]+res.HopOutcomes["duplicate_postgres"]+res.HopOutcomes["duplicate_batch"])
 	t.row("relays: sent / retried / dead", fmt.Sprintf("%d / %d / %d", res.RelayOutcomes["outbox/sent"], res.RelayOutcomes["outbox/retry"], res.RelayOutcomes["outbox/dead"]))
+	t.row("relays: destination pauses", res.RelayOutcomes["outbox/paused"])
 	t.row("receipts", h.Receipts)
 	t.row("payments with a receipt", h.Distinct)
 	t.row("payments with two or more", h.Doubled)

@@ -40,6 +40,7 @@ const (
 	RabbitKill     Kind = "rabbit-kill"     // --cluster: SIGKILL the RabbitMQ node most consumers are on, restart it later
 	HTTPFail       Kind = "http-fail"       // two hops: the API answers 503 for a while
 	HTTPSlow       Kind = "http-slow"       // two hops: the API answers after the relays gave up on it, for a while
+	HTTP401        Kind = "http-401"        // two hops: the API answers 401 (a rotated credential), for a while: the relays pause it
 	RelayCut       Kind = "relay-cut"       // two hops: cut a relay's broker connection mid-pass, at a publish or before a confirm
 	APIBlackhole   Kind = "api-blackhole"   // two hops: the relays' links to the API forward nothing, for a while
 	HotRow         Kind = "hot-row"         // a transaction holds the busiest balance rows, as a poison event hanging on them would
@@ -70,6 +71,7 @@ var Describe = map[Kind]string{
 	RabbitKill:     "--cluster only: SIGKILL the RabbitMQ node that holds the most of the fleet's consuming connections (the first partition queue's leader on a tie), restart it seconds later",
 	HTTPFail:       "second hop: the API answers 503 for seconds",
 	HTTPSlow:       "second hop: the API acts on each request but answers only after the relay's timeout, for seconds",
+	HTTP401:        "second hop: the API answers 401 to every request for seconds, as after a credential rotated under the relays: they pause the destination (no attempt spent), probe it with one row and resume by themselves; not one row may go dead",
 	RelayCut:       "second hop: cut a broker connection mid-pass, at a relay's basic.publish or before its confirm (the fleet reaches the broker through an AMQP-aware proxy)",
 	APIBlackhole:   "second hop: pg-blackhole on one receipts consumer's link to the API, or all: its relay's POSTs hang until their timeout",
 	HotRow:         "a transaction locks the three balance rows updated last on every shard and holds them for seconds, up to the consumers' handler timeout, as a poison event that takes a hot row and hangs until its timeout would: the events queued on them wait, and the kill switch must not count that",
@@ -80,11 +82,11 @@ var Describe = map[Kind]string{
 var Kinds = []Kind{ConsumerKill, CrashPoint, RedisKill, RedisPause, RedisSlow, RedisFlush,
 	RedisEvict, PGTerminate, PGRestart, PGFailover, AMQPClose, PGBlackhole, PGReset, PGLatency,
 	RedisBlackhole, RedisReset, RedisLatency, AMQPBlackhole, AMQPReset, HotRow, Prune,
-	RabbitKill, HTTPFail, HTTPSlow, RelayCut, APIBlackhole}
+	RabbitKill, HTTPFail, HTTPSlow, HTTP401, RelayCut, APIBlackhole}
 
 // TwoHopOnly are the kinds that need the second hop: "all" leaves them out
 // of a run without it.
-var TwoHopOnly = []Kind{HTTPFail, HTTPSlow, RelayCut, APIBlackhole}
+var TwoHopOnly = []Kind{HTTPFail, HTTPSlow, HTTP401, RelayCut, APIBlackhole}
 
 // ClusterOnly are the kinds that need --cluster: "all" leaves them out of a
 // run on one node.

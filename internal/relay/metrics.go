@@ -20,6 +20,7 @@ type Metrics struct {
 	dead      prometheus.Gauge
 	refusals  prometheus.Counter
 	pausedG   *prometheus.GaugeVec
+	pauses    *prometheus.CounterVec
 }
 
 // NewMetrics registers the relay's metrics on reg. Every destination's
@@ -55,8 +56,12 @@ func NewMetrics(reg prometheus.Registerer, destinations []string) (*Metrics, err
 			Name: "idem_outbox_destination_paused",
 			Help: "1 while this relay holds the destination paused: its rows failed alike (an HTTP 401, 403 or 5xx, no answer, unroutable, nacked), so they stay pending, spend no attempt, and one row probes on a backoff; idem outbox list shows why.",
 		}, []string{"destination"}),
+		pauses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_outbox_destination_pauses_total",
+			Help: "Times a relay paused the destination (idem_outbox_destination_paused went to 1).",
+		}, []string{"destination"}),
 	}
-	for _, c := range []prometheus.Collector{m.published, m.latency, m.pending, m.oldest, m.dead, m.refusals, m.pausedG} {
+	for _, c := range []prometheus.Collector{m.published, m.latency, m.pending, m.oldest, m.dead, m.refusals, m.pausedG, m.pauses} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -67,6 +72,7 @@ func NewMetrics(reg prometheus.Registerer, destinations []string) (*Metrics, err
 		}
 		m.latency.WithLabelValues(d)
 		m.pausedG.WithLabelValues(d)
+		m.pauses.WithLabelValues(d)
 	}
 	return m, nil
 }
@@ -100,6 +106,7 @@ func (m *Metrics) paused(destination string, on bool) {
 	v := 0.0
 	if on {
 		v = 1
+		m.pauses.WithLabelValues(destination).Inc()
 	}
 	m.pausedG.WithLabelValues(destination).Set(v)
 }

@@ -139,6 +139,8 @@ func Snapshot(g prometheus.Gatherer) (map[string]int64, error) {
 				}
 			case name == "idem_outbox_attempts_total":
 				out["outbox/"+l["result"]] += v
+			case name == "idem_outbox_destination_pauses_total":
+				out["outbox/paused"] += v
 			case name == "idem_breaker_transitions_total":
 				out["breaker/"+l["from"]+"->"+l["to"]] += v
 			case len(l) == 0:

@@ -126,7 +126,9 @@ func TestChaosCI(t *testing.T) {
 	require.NotNil(t, res.Hop, "the second hop runs by default")
 	require.Equal(t, res.Distinct, res.Hop.Distinct, "every payment has its receipt")
 	require.Equal(t, res.Distinct, res.Hop.APIKeys, "and the API acted on every receipt")
-	require.Positive(t, res.RelayOutcomes["outbox/retry"], "the API's failures must have made relays retry")
+	require.Positive(t, res.RelayOutcomes["outbox/retry"]+res.RelayOutcomes["outbox/paused"], "the API's failures must have made relays retry or pause")
+	require.Positive(t, res.RelayOutcomes["outbox/paused"], "the API's 401s must have paused a relay's destination")
+	require.Zero(t, res.Hop.OutboxDead, "no outbox row may go dead for its destination's fault")
 	require.Positive(t, res.Breaker["closed->open"], "the Redis faults must have opened a breaker")
 	require.Positive(t, res.Outcomes["duplicate_postgres"], "Postgres must have caught duplicates")
 	// A consumer SIGKILLed within a second of its reconnect takes that
