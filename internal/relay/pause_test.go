@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/internal/relay"
+	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/pkg/outbox"
 )
@@ -111,15 +112,20 @@ func total(m map[string]int) int {
 // queue destination names a queue nobody declared yet, so the broker
 // returns every message unroutable. Before the pause, each return spent an
 // attempt until the row was dead. Now the destination pauses, no row is
-// dead, and once the queue is declared every row arrives.
+// dead, and once the queue is declared every row arrives. Then the queue is
+// deleted and more rows come: the destination pauses again, and they arrive
+// once it is declared again.
 func TestAQueueDestinationWithoutItsQueuePausesUntilDeclared(t *testing.T) {
 	db, _ := testenv.Schema(t)
 	queue := testenv.Queue(t, testenv.AMQPURL())
 	g := newGuard(t, db)
-	for i := range 20 {
-		id := fmt.Sprintf("e%02d", i)
-		send(t, g, id, outbox.Message{EventID: id, To: "audit", Key: id, Body: []byte(id)})
+	enqueue := func(from, to int) {
+		for i := from; i < to; i++ {
+			id := fmt.Sprintf("e%02d", i)
+			send(t, g, id, outbox.Message{EventID: id, To: "audit", Key: id, Body: []byte(id)})
+		}
 	}
+	enqueue(0, 20)
 	r := runBounded(t, relay.Config{DB: db, AMQPURLs: []string{testenv.AMQPURL()}, MaxAttempts: 2, Retention: time.Hour,
 		BackoffMin: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Destinations: amqpDest(t, "audit=queue:"+queue)})
 	require.Eventually(t, func() bool { return len(r.Paused()) == 1 }, 20*time.Second, 10*time.Millisecond)
@@ -128,9 +134,17 @@ func TestAQueueDestinationWithoutItsQueuePausesUntilDeclared(t *testing.T) {
 	require.Zero(t, states(t, db)["dead"], "no row is dead for a queue not declared yet")
 
 	top := declare(t, queue, 1)
-	got := take(t, 20, top.Queues()...)
-	require.Len(t, got, 20)
+	require.Len(t, take(t, 20, top.Queues()...), 20)
 	require.Eventually(t, func() bool { return states(t, db)["sent"] == 20 && r.Ready() == nil }, 20*time.Second, 20*time.Millisecond)
+
+	require.NoError(t, sandbox.DeleteQueue(testenv.AMQPURL(), queue))
+	enqueue(20, 40)
+	require.Eventually(t, func() bool { return len(r.Paused()) == 1 }, 20*time.Second, 10*time.Millisecond, "states: %v", states(t, db))
+	time.Sleep(time.Second)
+	require.Zero(t, states(t, db)["dead"], "no row is dead for a queue deleted under the relay")
+	declare(t, queue, 1)
+	require.Len(t, take(t, 20, top.Queues()...), 20)
+	require.Eventually(t, func() bool { return states(t, db)["sent"] == 40 && r.Ready() == nil }, 20*time.Second, 20*time.Millisecond)
 }
 
 // TestWhichAnswersAreFinalIsPerDestination: by default a 422 is final and a
