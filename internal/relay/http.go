@@ -128,6 +128,10 @@ func heldBack(rows []*row, idx []int, results []result) error {
 	return errors.Join(errs...)
 }
 
+// classUnavailable is the pause class of the answers an API down or
+// overloaded gives, which it mixes: a 5xx, 408, 425 or 429, or no answer.
+const classUnavailable = "http unavailable (5xx, 408, 425, 429, no answer)"
+
 // send posts one row and classifies the answer: 2xx (and the configured
 // done status) is sent; a status the destination holds final (by default
 // a 3xx or 4xx but 401, 403, 408, 425 and 429: Destination.Final) is dead
@@ -184,7 +188,7 @@ func (s *httpSender) send(ctx context.Context, d Destination, w *row) result {
 		return result{skipped: true}
 	}
 	if err != nil {
-		return result{err: fmt.Errorf("http: %w", redactURL(err)), class: "http: no answer"}
+		return result{err: fmt.Errorf("http: %w", redactURL(err)), class: classUnavailable}
 	}
 	defer resp.Body.Close()
 	snippet := readSnippet(resp.Body, secrets)
@@ -197,8 +201,8 @@ func (s *httpSender) send(ctx context.Context, d Destination, w *row) result {
 		return result{err: fmt.Errorf("http %d: %s", code, snippet), final: true}
 	}
 	class := fmt.Sprintf("http %d", code)
-	if code >= 500 {
-		class = "http 5xx"
+	if code >= 500 || code == http.StatusRequestTimeout || code == http.StatusTooEarly || code == http.StatusTooManyRequests {
+		class = classUnavailable
 	}
 	return result{err: fmt.Errorf("http %d: %s", code, snippet), after: retryAfter(resp.Header.Get("Retry-After")), class: class}
 }

@@ -54,7 +54,7 @@ func NewMetrics(reg prometheus.Registerer, destinations []string) (*Metrics, err
 		}),
 		pausedG: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idem_outbox_destination_paused",
-			Help: "1 while this relay holds the destination paused: its rows failed alike (an HTTP 401, 403 or 5xx, no answer, unroutable, nacked), so they stay pending, spend no attempt, and one row probes on a backoff; idem outbox list shows why.",
+			Help: "The relay loops (one per shard) holding the destination paused: its rows failed alike (an HTTP 401, 403 or 5xx, no answer, unroutable, nacked), so they stay pending, spend no attempt, and one row probes on a backoff; idem outbox list shows why.",
 		}, []string{"destination"}),
 		pauses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_outbox_destination_pauses_total",
@@ -96,19 +96,19 @@ func (m *Metrics) failed(destination string, dead bool) {
 	m.published.WithLabelValues(destination, r).Inc()
 }
 
-// paused sets whether a destination is paused. Several relays (a process's
-// shards) share the gauge: the last to change it wins, as each pauses and
-// resumes on the same destination's answers.
+// paused counts a relay loop's pause of a destination, or its resume:
+// the loops of a process's shards share the gauge, which counts those
+// holding the destination paused.
 func (m *Metrics) paused(destination string, on bool) {
 	if m == nil {
 		return
 	}
-	v := 0.0
 	if on {
-		v = 1
 		m.pauses.WithLabelValues(destination).Inc()
+		m.pausedG.WithLabelValues(destination).Inc()
+		return
 	}
-	m.pausedG.WithLabelValues(destination).Set(v)
+	m.pausedG.WithLabelValues(destination).Dec()
 }
 
 // refused counts a connection the broker refused or dropped during the

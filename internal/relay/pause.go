@@ -15,15 +15,18 @@ import (
 
 // PauseRows is how many distinct rows of one destination, one after
 // another with no answer on a row's merits between them (a 2xx, or a final
-// answer), failing in the same class, pause the destination: its rows stay
-// pending, no attempt is spent, and the relay probes with one row on a
-// backoff (BackoffMin doubling to BackoffMax) until one is answered on its
-// merits.
+// answer) nor for 10×BackoffMin before them, failing in the same class,
+// pause the destination: its rows stay pending, no attempt is spent, and
+// the relay probes with one row on a backoff (BackoffMin doubling to
+// BackoffMax) until one is answered on its merits. A failed probe's row
+// waits that backoff too, so that the next probe is another row: a row
+// that fails on its own cannot keep a destination that works paused.
 //
 // A class is what the destination, not a row, is at fault for: an HTTP
-// status that is not final (401, 403, 408, 425, 429 by default, each its
-// own class; every 5xx one class), no HTTP answer at all, a message the
-// broker returned unroutable, nacked, or refused by closing the channel.
+// status that is not final (401 and 403 by default, each its own class),
+// an API down or overloaded (a 5xx, 408, 425, 429, or no answer at all:
+// one class, as such an API mixes them), a message the broker returned
+// unroutable, nacked, or refused by closing the channel.
 const PauseRows = 5
 
 // pauses holds a relay's breaker per destination (gobreaker's two-step
@@ -33,6 +36,7 @@ type pauses struct {
 	relay    string
 	db       *pgxpool.Pool
 	min, max time.Duration
+	window   time.Duration // a failure within this of an answer on a row's merits never counts
 	metrics  *Metrics
 	log      *slog.Logger
 
@@ -53,6 +57,8 @@ type pause struct {
 	probes  int       // failed probes since the pause
 	next    time.Time // no probe before this
 	changed bool      // state changed since the last record
+	merit   time.Time // the last answer on a row's merits
+	swept   time.Time // when record last deleted the destination's pause rows while it worked
 }
 
 // Pause is a paused destination as Ready and idem outbox list show it.
@@ -73,7 +79,7 @@ func (p Pause) String() string {
 }
 
 func newPauses(cfg Config, relayName string) *pauses {
-	ps := &pauses{relay: relayName, db: cfg.DB, min: cfg.BackoffMin, max: cfg.BackoffMax, metrics: cfg.Metrics,
+	ps := &pauses{relay: relayName, db: cfg.DB, min: cfg.BackoffMin, max: cfg.BackoffMax, window: 10 * cfg.BackoffMin, metrics: cfg.Metrics,
 		log: cfg.Logger, by: map[string]*pause{}}
 	for name := range cfg.Destinations {
 		ps.by[name] = ps.newPause(name)
@@ -215,12 +221,24 @@ func (ps *pauses) admit(rows []*row, results []result) []func(error) {
 	return dones
 }
 
-// judge tells each admitted row's breaker how the row fared, in id order,
-// and returns the rows whose failures it took back: those of a destination
-// that paused in this pass (a failed probe included), failed in a class.
-// Those rows are skipped instead: the destination's fault, not theirs, so
-// they spend no attempt.
+// judge tells each admitted row's breaker how the row fared, in id order.
+// A failure counts only when its destination answered no row on its merits
+// in this pass nor within the window before: rows that fail beside rows
+// that pass fail on their own. The failures of a destination that paused
+// in this pass (a failed probe included) are taken back: those rows are
+// skipped instead, the destination's fault, not theirs, so they spend no
+// attempt; a failed probe's row waits for the next probe, so that the next
+// is another row.
 func (ps *pauses) judge(rows []*row, results []result, dones []func(error)) {
+	now := time.Now()
+	for i, w := range rows {
+		if dones[i] != nil && (results[i].sent || results[i].final) {
+			p := ps.get(w.destination)
+			p.mu.Lock()
+			p.merit = now
+			p.mu.Unlock()
+		}
+	}
 	var failedIn map[string][]int
 	for i, w := range rows {
 		done := dones[i]
@@ -228,12 +246,12 @@ func (ps *pauses) judge(rows []*row, results []result, dones []func(error)) {
 			continue
 		}
 		res := results[i]
+		p := ps.get(w.destination)
 		switch {
 		case res.skipped:
 			done(errExcluded)
 		case res.sent, res.final:
 			// An answer on the row's merits: the destination works.
-			p := ps.get(w.destination)
 			p.mu.Lock()
 			p.class, p.last, p.rows = "", "", map[int64]bool{}
 			p.mu.Unlock()
@@ -241,8 +259,12 @@ func (ps *pauses) judge(rows []*row, results []result, dones []func(error)) {
 		case res.class == "":
 			done(errExcluded) // the row's own fault, without an answer (it cannot be encoded)
 		default:
-			p := ps.get(w.destination)
 			p.mu.Lock()
+			if !p.merit.IsZero() && now.Sub(p.merit) < ps.window {
+				p.mu.Unlock()
+				done(errExcluded) // its neighbours pass: its own failure
+				continue
+			}
 			if p.class != res.class && p.since.IsZero() {
 				p.class, p.rows = res.class, map[int64]bool{}
 			}
@@ -259,11 +281,20 @@ func (ps *pauses) judge(rows []*row, results []result, dones []func(error)) {
 		}
 	}
 	for name, idx := range failedIn {
-		if ps.get(name).cb.State() != gobreaker.StateOpen {
+		p := ps.get(name)
+		if p.cb.State() != gobreaker.StateOpen {
 			continue
 		}
+		p.mu.Lock()
+		wait, probe := max(time.Until(p.next), 0), p.probes > 0
+		p.mu.Unlock()
+		if probe {
+			// A failed probe's row waits past the next probe, so that the
+			// next is another row (this one may fail on its own).
+			wait = max(wait, ps.max)
+		}
 		for _, i := range idx {
-			results[i] = result{skipped: true, paused: true}
+			results[i] = result{skipped: true, paused: true, postpone: wait}
 		}
 	}
 }
@@ -278,8 +309,16 @@ func (ps *pauses) record(ctx context.Context) {
 		all = append(all, p)
 	}
 	ps.mu.Unlock()
+	now := time.Now()
 	for _, p := range all {
 		p.mu.Lock()
+		// A destination that works here (answered on a row's merits since
+		// the last sweep, not paused) has no pause to show, whatever relay
+		// wrote one and then died or was restarted: swept every
+		// sweepEvery at most.
+		if p.since.IsZero() && p.merit.After(p.swept) && now.Sub(p.swept) >= sweepEvery {
+			p.swept, p.changed = now, true
+		}
 		changed, paused := p.changed, !p.since.IsZero()
 		rec := Pause{Destination: p.name, Relay: ps.relay, Class: p.class, LastError: p.last, Since: p.since, NextProbe: p.next, Probes: p.probes}
 		p.changed = false
@@ -308,6 +347,20 @@ ON CONFLICT (destination, relay) DO UPDATE SET class = EXCLUDED.class, last_erro
 				ps.log.Warn("recording an outbox destination's pause failed; will retry", "destination", p.name, "err", err)
 			}
 		}
+	}
+}
+
+// sweepEvery is how often a relay to which a destination answers deletes
+// the destination's pause rows, at most.
+const sweepEvery = 10 * time.Second
+
+// clearOwn deletes the pause rows this relay's name wrote before (a
+// restart's): it starts with every destination closed.
+func (ps *pauses) clearOwn(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := ps.db.Exec(rctx, `DELETE FROM idem_outbox_pause WHERE relay = $1`, ps.relay); err != nil && ctx.Err() == nil {
+		ps.log.Debug("clearing this relay's old outbox pauses", "err", err)
 	}
 }
 

@@ -177,6 +177,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	var helpers sync.WaitGroup
 	defer func() { stopHelpers(); helpers.Wait() }()
 	wake := make(chan struct{}, 1)
+	r.pauses.clearOwn(ctx)
 	helpers.Go(func() { listen(hctx, r.cfg.DB, wake, r.log) })
 	helpers.Go(func() { r.retain(hctx) })
 	if r.cfg.Metrics != nil {
@@ -302,6 +303,9 @@ type result struct {
 	// paused, with skipped: its destination is paused (or paused as it
 	// failed).
 	paused bool
+	// postpone, with skipped: how long the row waits before it is due
+	// again (a failed probe's), its attempts untouched.
+	postpone time.Duration
 	// held, with skipped: why the row was not sent though its destination
 	// may be fine (its request hook failed), for the pass to report.
 	held error
@@ -435,6 +439,9 @@ const (
 	next_at = clock_timestamp() + f.after_ms * interval '1 millisecond'
 FROM unnest($1::bigint[], $3::text[], $4::bool[], $5::bigint[]) AS f(id, err, final, after_ms)
 WHERE o.id = f.id`
+	// postpone makes rows due later without an attempt: a failed probe's.
+	postpone = `UPDATE idem_outbox o SET next_at = clock_timestamp() + f.ms * interval '1 millisecond'
+FROM unnest($1::bigint[], $2::bigint[]) AS f(id, ms) WHERE o.id = f.id`
 )
 
 func (r *Relay) mark(ctx context.Context, tx pgx.Tx, rows []*row, results []result) error {
@@ -443,6 +450,8 @@ func (r *Relay) mark(ctx context.Context, tx pgx.Tx, rows []*row, results []resu
 		switch {
 		case res.sent:
 			marks = append(marks, rowMark{id: rows[i].id, sent: true})
+		case res.skipped && res.postpone > 0:
+			marks = append(marks, rowMark{id: rows[i].id, postpone: max(res.postpone.Milliseconds(), 1)})
 		case res.skipped:
 		default:
 			marks = append(marks, rowMark{id: rows[i].id, err: storable(res.err.Error(), 500), final: res.final,
@@ -486,17 +495,24 @@ type rowMark struct {
 	err   string
 	final bool
 	after int64 // ms
+	// postpone, if set: the row was not tried; it is due again in this
+	// many ms, its attempts untouched.
+	postpone int64
 }
 
 // markAll records marks in one round trip, inside a savepoint: if the
 // database refuses them, the pass's transaction goes on without them.
 func (r *Relay) markAll(ctx context.Context, tx pgx.Tx, marks []rowMark) error {
-	var sent, failed, after []int64
+	var sent, failed, after, later, laterMs []int64
 	var errs []string
 	var final []bool
 	for _, m := range marks {
 		if m.sent {
 			sent = append(sent, m.id)
+			continue
+		}
+		if m.postpone > 0 {
+			later, laterMs = append(later, m.id), append(laterMs, m.postpone)
 			continue
 		}
 		failed, errs, final, after = append(failed, m.id), append(errs, m.err), append(final, m.final), append(after, m.after)
@@ -512,6 +528,9 @@ func (r *Relay) markAll(ctx context.Context, tx pgx.Tx, marks []rowMark) error {
 	}
 	if len(failed) > 0 {
 		b.Queue(markFailed, failed, r.cfg.MaxAttempts, errs, final, after)
+	}
+	if len(later) > 0 {
+		b.Queue(postpone, later, laterMs)
 	}
 	b.Queue(`RELEASE SAVEPOINT idem_mark`)
 	err := tx.SendBatch(ctx, b).Close()

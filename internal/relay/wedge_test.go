@@ -253,7 +253,7 @@ func TestAHangingDestinationHoldsAPassOnlyItsBound(t *testing.T) {
 	require.Eventually(t, func() bool { return len(r.Paused()) > 0 }, 20*time.Second, 20*time.Millisecond)
 	took := time.Since(start)
 	require.Less(t, took, 4*time.Second, "the first pass held its rows %s", took)
-	require.Equal(t, "http: no answer", r.Paused()[0].Class)
+	require.Contains(t, r.Paused()[0].Class, "no answer")
 	var tried int
 	require.NoError(t, db.QueryRow(context.Background(), `SELECT count(*) FROM idem_outbox WHERE attempts > 0`).Scan(&tried))
 	require.Zero(t, tried, "no row spent an attempt on a destination that never answered")
