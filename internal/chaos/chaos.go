@@ -153,6 +153,7 @@ type run struct {
 	amqpURL   string              // the broker: one URL per node, comma-separated
 	cuts      []*sandbox.AMQPCut  // relay-cut, amqp-close: a proxy in front of each node, on the consumers' way to it
 	relayCuts int                 // relay-cut faults so far: they alternate between a publish and a confirm
+	deletes   int                 // queue-delete faults so far: they take the receipts partitions in turn
 	proxy     *sandbox.Faults     // the toxiproxy server the links run on
 	links     []*links            // each consumer slot's: the payments fleet's, then the receipts fleet's
 	pgs       []*sandbox.Postgres // the shards (one without --cluster)

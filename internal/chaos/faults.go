@@ -89,6 +89,8 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 		fl, slot := r.slot(p.Slot)
 		name, err := fl.arm(slot, p.Step, p.After)
 		return fmt.Sprintf("%s armed to SIGKILL itself at %s (pass %d)", name, p.Step, p.After), err
+	case QueueDelete:
+		return r.deleteQueue(ctx, p.For)
 	case HTTPFail, HTTPSlow, HTTP401:
 		status := map[Kind]int{HTTPFail: http.StatusServiceUnavailable, HTTP401: http.StatusUnauthorized}[p.Kind]
 		r.api.set(status, p.Kind == HTTPSlow)

@@ -11,9 +11,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemhq/idem/internal/broker"
 	"github.com/idemhq/idem/internal/loadgen"
+	"github.com/idemhq/idem/internal/relay"
+	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/pkg/outbox"
 )
 
@@ -321,4 +324,90 @@ func (r *run) judgeSecondHop(ctx context.Context, m loadgen.Manifest, res *Resul
 		}
 	}
 	return nil
+}
+
+// deleteQueue is the queue-delete fault: it deletes a receipts partition
+// queue with the messages in it (its consumers' links silenced for a moment
+// before, so that it holds some), waits up to wait for the receipts
+// consumers to declare it again (it declares it itself after that), and
+// then resends, as `idem outbox resend --destination receipts` would, every
+// receipts row sent since the run began: the messages the queue held are
+// among them, and the receipts consumers drop the ones they already took.
+func (r *run) deleteQueue(ctx context.Context, wait time.Duration) (string, error) {
+	const silence = 1500 * time.Millisecond
+	t := r.receiptsTopology()
+	q := t.PartitionQueue(r.deletes % t.Partitions)
+	r.deletes++
+	conn, err := amqp.Dial(r.publishURL())
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return "", err
+	}
+	// A queue its consumers keep empty loses little: the receipts
+	// consumers' broker links go silent for a while first, so that it holds
+	// the messages they cannot take or ack, and are closed once it is gone.
+	var silenced []*sandbox.Link
+	defer func() {
+		for _, l := range silenced {
+			_ = l.Heal()
+		}
+	}()
+	for s := range r.hopSize() {
+		for _, l := range r.links[r.o.Consumers+s].amqp {
+			if err := l.Blackhole(); err != nil {
+				return "", err
+			}
+			silenced = append(silenced, l)
+		}
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(silence):
+	}
+	if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+		return "", fmt.Errorf("delete %s: %w", q, err)
+	}
+	for _, l := range silenced {
+		if err := l.Heal(); err != nil {
+			return "", err
+		}
+	}
+	silenced = nil
+	by := "the receipts consumers"
+	deadline := time.Now().Add(wait)
+	for {
+		// A passive declare of a missing queue closes the channel.
+		probe, err := conn.Channel()
+		if err != nil {
+			return "", err
+		}
+		_, err = probe.QueueDeclarePassive(q, true, false, false, false, nil)
+		_ = probe.Close()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			if err := t.Declare(ch); err != nil {
+				return "", fmt.Errorf("declare %s again: %w", q, err)
+			}
+			by = "the run"
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	back := time.Since(deadline.Add(-wait)).Round(10 * time.Millisecond)
+	var resent int64
+	for _, pool := range r.pools {
+		n, err := relay.Resend(ctx, pool, relay.Filter{Destination: "receipts"}, r.t0, false)
+		if err != nil {
+			return "", err
+		}
+		resent += n
+	}
+	return fmt.Sprintf("deleted %s after its consumers' broker links were silent for %s; declared again by %s after %s; resent the %d receipts rows sent since the run began",
+		q, silence, by, back, resent), nil
 }

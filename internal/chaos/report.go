@@ -14,7 +14,7 @@ import (
 var kindColor = map[Kind]string{
 	ConsumerKill: "#d62728", CrashPoint: "#9467bd", RedisKill: "#e6550d", RedisPause: "#fdae6b",
 	RedisSlow: "#fdd0a2", RedisFlush: "#8c564b", RedisEvict: "#e377c2", PGTerminate: "#6baed6",
-	PGRestart: "#2171b5", PGFailover: "#3f007d", AMQPClose: "#31a354", RabbitKill: "#17becf", HTTPFail: "#e377c2", HTTPSlow: "#bcbd22", HTTP401: "#8c564b", RelayCut: "#d62728",
+	PGRestart: "#2171b5", PGFailover: "#3f007d", AMQPClose: "#31a354", RabbitKill: "#17becf", HTTPFail: "#e377c2", HTTPSlow: "#bcbd22", HTTP401: "#8c564b", QueueDelete: "#6b6ecf", RelayCut: "#d62728",
 	PGBlackhole: "#08306b", PGReset: "#4292c6", PGLatency: "#c6dbef", RedisBlackhole: "#7f2704",
 	RedisReset: "#f16913", RedisLatency: "#fee6ce", AMQPBlackhole: "#00441b", AMQPReset: "#74c476", APIBlackhole: "#636363",
 	HotRow: "#a50f15", Prune: "#54278f",

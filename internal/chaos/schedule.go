@@ -41,6 +41,7 @@ const (
 	HTTPFail       Kind = "http-fail"       // two hops: the API answers 503 for a while
 	HTTPSlow       Kind = "http-slow"       // two hops: the API answers after the relays gave up on it, for a while
 	HTTP401        Kind = "http-401"        // two hops: the API answers 401 (a rotated credential), for a while: the relays pause it
+	QueueDelete    Kind = "queue-delete"    // two hops: delete a receipts partition queue with its messages; the relays resend what it held
 	RelayCut       Kind = "relay-cut"       // two hops: cut a relay's broker connection mid-pass, at a publish or before a confirm
 	APIBlackhole   Kind = "api-blackhole"   // two hops: the relays' links to the API forward nothing, for a while
 	HotRow         Kind = "hot-row"         // a transaction holds the busiest balance rows, as a poison event hanging on them would
@@ -72,6 +73,7 @@ var Describe = map[Kind]string{
 	HTTPFail:       "second hop: the API answers 503 for seconds",
 	HTTPSlow:       "second hop: the API acts on each request but answers only after the relay's timeout, for seconds",
 	HTTP401:        "second hop: the API answers 401 to every request for seconds, as after a credential rotated under the relays: they pause the destination (no attempt spent), probe it with one row and resume by themselves; not one row may go dead",
+	QueueDelete:    "second hop: delete one receipts partition queue with the messages in it (as an operator's mistake would), under the relays that publish to it and the consumers that consume it; the consumers declare it again, the relays pause or retry what the broker returns meanwhile, and once it is back the run resends, as `idem outbox resend` does, the receipts rows sent since the run began: the receipts consumers drop the ones they had. No row may go dead and no receipt may be lost",
 	RelayCut:       "second hop: cut a broker connection mid-pass, at a relay's basic.publish or before its confirm (the fleet reaches the broker through an AMQP-aware proxy)",
 	APIBlackhole:   "second hop: pg-blackhole on one receipts consumer's link to the API, or all: its relay's POSTs hang until their timeout",
 	HotRow:         "a transaction locks the three balance rows updated last on every shard and holds them for seconds, up to the consumers' handler timeout, as a poison event that takes a hot row and hangs until its timeout would: the events queued on them wait, and the kill switch must not count that",
@@ -82,11 +84,11 @@ var Describe = map[Kind]string{
 var Kinds = []Kind{ConsumerKill, CrashPoint, RedisKill, RedisPause, RedisSlow, RedisFlush,
 	RedisEvict, PGTerminate, PGRestart, PGFailover, AMQPClose, PGBlackhole, PGReset, PGLatency,
 	RedisBlackhole, RedisReset, RedisLatency, AMQPBlackhole, AMQPReset, HotRow, Prune,
-	RabbitKill, HTTPFail, HTTPSlow, HTTP401, RelayCut, APIBlackhole}
+	RabbitKill, HTTPFail, HTTPSlow, HTTP401, QueueDelete, RelayCut, APIBlackhole}
 
 // TwoHopOnly are the kinds that need the second hop: "all" leaves them out
 // of a run without it.
-var TwoHopOnly = []Kind{HTTPFail, HTTPSlow, HTTP401, RelayCut, APIBlackhole}
+var TwoHopOnly = []Kind{HTTPFail, HTTPSlow, HTTP401, QueueDelete, RelayCut, APIBlackhole}
 
 // ClusterOnly are the kinds that need --cluster: "all" leaves them out of a
 // run on one node.

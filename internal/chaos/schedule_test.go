@@ -198,7 +198,7 @@ func TestFitRound(t *testing.T) {
 func TestParseKinds(t *testing.T) {
 	all, err := ParseKinds("all", false, false)
 	require.NoError(t, err)
-	require.Equal(t, Kinds[:len(Kinds)-6], all, "all but the cluster-only and two-hop kinds")
+	require.Equal(t, Kinds[:len(Kinds)-len(TwoHopOnly)-1], all, "all but the cluster-only and two-hop kinds")
 	require.NotContains(t, all, RabbitKill)
 	require.Contains(t, all, RedisBlackhole)
 	all, err = ParseKinds("all", true, true)

@@ -141,6 +141,7 @@ func withRelayHealth(h http.Handler, rs []*relay.Relay) http.Handler {
 func runOutbox(ctx context.Context, e *Env, args []string) error {
 	const usage = `Usage: idem outbox list [--state S | --dead | --pending] [--scope S] [--destination D] [-n N] [--shard S] [--config F]
        idem outbox replay (--id N[,N…] | --all-dead) [--scope S] [--destination D] [--shard S] [--config F]
+       idem outbox resend --destination D --since T [--scope S] [--shard S] [--dry-run] [--config F]
 
 list shows the destinations a relay has paused (distinct rows failed alike:
 their rows stay pending and spend no attempt while one row probes), then
@@ -148,12 +149,21 @@ outbox rows, oldest first: message ID, event, destination, state, attempts
 and the last error. replay makes dead rows pending again with a
 fresh attempt budget; the relay publishes them with their original message
 IDs, so a receiver that already took one drops it. --scope and
---destination keep to one service's rows and one destination's, in both.
+--destination keep to one service's rows and one destination's, in each.
+
+resend makes sent rows pending again, for messages lost after their
+destination took them: a queue deleted with its messages in it, a receiver
+restored from a backup. It takes the rows of one destination sent since T
+(a duration back from now, 15m, or an RFC 3339 time) that are still kept
+(outbox.retention); the relay sends them again with their original message IDs and
+Idempotency-Keys, so a receiver that still has one drops it as a duplicate.
+A receiver that honours neither acts on them again: resend only to one that
+deduplicates.
 
 With postgres.shards, each shard numbers its rows: list shows a row's ID as
 "shard S: N", and replay --id N needs --shard S. replay --all-dead replays
 every shard's dead rows, or with --shard S only that shard's.`
-	if len(args) == 0 || (args[0] != "list" && args[0] != "replay") {
+	if len(args) == 0 || (args[0] != "list" && args[0] != "replay" && args[0] != "resend") {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
 			fmt.Fprintln(e.Stdout, usage)
 			return nil
@@ -173,8 +183,26 @@ every shard's dead rows, or with --shard S only that shard's.`
 	ids := fs.String("id", "", "replay: the rows' ids (the first column of list), separated by commas")
 	all := fs.Bool("all-dead", false, "replay: every dead row")
 	shard := fs.Int("shard", -1, "only shard `S` of postgres.shards (counted from 0); replay --id needs it when there are several")
+	sinceFlag := fs.String("since", "", "resend: the rows sent since `T`: a duration back from now (15m) or an RFC 3339 time")
+	dry := fs.Bool("dry-run", false, "resend: count the rows it would resend, change nothing")
 	if err := Parse(fs, args[1:]); err != nil {
 		return err
+	}
+	var since time.Time
+	if args[0] == "resend" {
+		switch {
+		case *dest == "":
+			return UsageErr(e, "%s: give --destination: the rows of one destination are resent", cmd)
+		case *sinceFlag == "":
+			return UsageErr(e, "%s: give --since: a duration back from now (15m) or an RFC 3339 time", cmd)
+		}
+		if d, err := time.ParseDuration(*sinceFlag); err == nil && d > 0 {
+			since = time.Now().Add(-d)
+		} else if t, err := time.Parse(time.RFC3339, *sinceFlag); err == nil {
+			since = t
+		} else {
+			return UsageErr(e, "%s: --since %q: want a positive duration (15m) or an RFC 3339 time (2026-12-05T07:00:00Z)", cmd, *sinceFlag)
+		}
 	}
 	var rowIDs []int64
 	if args[0] == "replay" {
@@ -207,6 +235,23 @@ every shard's dead rows, or with --shard S only that shard's.`
 		return err
 	}
 	defer dbs.Close()
+	if args[0] == "resend" {
+		verb := "pending again"
+		if *dry {
+			verb = "would be pending again"
+		}
+		for i, pool := range dbs {
+			if *shard >= 0 && i != *shard {
+				continue
+			}
+			k, err := relay.Resend(ctx, pool, relay.Filter{Scope: *scope, Destination: *dest}, since, *dry)
+			if err != nil {
+				return dbErr(err)
+			}
+			fmt.Fprintf(e.Stdout, "%s%d row(s) of %s sent since %s %s\n", shardPrefix(dbs, i), k, inert(*dest), since.UTC().Format(time.RFC3339), verb)
+		}
+		return nil
+	}
 	if args[0] == "replay" {
 		for i, pool := range dbs {
 			if *shard >= 0 && i != *shard {

@@ -95,3 +95,37 @@ func ReplayWhere(ctx context.Context, db execer, f Filter) (int64, error) {
 	}
 	return tag.RowsAffected(), nil
 }
+
+// Resend makes sent rows pending again with a fresh attempt budget: the rows
+// of f.Destination (which it requires) sent at or after since that f picks
+// (f.State is not used). It is for messages lost after their destination
+// took them: a queue deleted with its messages in it, a receiver restored
+// from a backup. The relay sends them again with their original message IDs
+// (and Idempotency-Keys), so a receiver that still has one drops it as a
+// duplicate. Rows deleted after outbox.retention are not resent. With dryRun it
+// only counts them.
+func Resend(ctx context.Context, db queryer, f Filter, since time.Time, dryRun bool) (int64, error) {
+	if f.Destination == "" {
+		return 0, fmt.Errorf("resend: no destination")
+	}
+	sql := `UPDATE idem_outbox SET state = 'pending', attempts = 0, next_at = '-infinity', last_error = NULL
+	WHERE state = 'sent' AND sent_at >= $6 AND ` + filterWhere
+	if dryRun {
+		sql = `SELECT count(*) FROM idem_outbox WHERE state = 'sent' AND sent_at >= $6 AND ` + filterWhere
+	}
+	rows, err := db.Query(ctx, sql, f.Scope, f.EventID, f.Destination, "", f.IDs, since)
+	if err != nil {
+		return 0, fmt.Errorf("resend: %w", err)
+	}
+	var n int64
+	if dryRun {
+		n, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+	} else {
+		rows.Close()
+		err, n = rows.Err(), rows.CommandTag().RowsAffected()
+	}
+	if err != nil {
+		return 0, fmt.Errorf("resend: %w", err)
+	}
+	return n, nil
+}

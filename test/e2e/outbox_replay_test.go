@@ -4,7 +4,9 @@ import (
 	"context"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -128,4 +130,61 @@ func TestOutboxToolsKeepToOneServiceAndDestination(t *testing.T) {
 	require.Equal(t, 0, r.code, r.out)
 	require.Contains(t, r.out, "1 dead row(s) pending again")
 	shows(list("--dead"), "e1", "e5")
+}
+
+// TestOutboxResendTakesOneDestinationsSentRows: `idem outbox resend` makes
+// the sent rows of one destination pending again, those sent since --since
+// only, for messages lost after their destination took them (a queue deleted
+// with its messages in it). It needs --destination and --since, and
+// --dry-run changes nothing.
+func TestOutboxResendTakesOneDestinationsSentRows(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "", "")
+	p, url := testenv.Schema(t)
+	_, err := p.Exec(context.Background(), `INSERT INTO idem_outbox (scope, event_id, idx, destination, lane, body, state, attempts, sent_at) VALUES
+		('pay', 'old', 0, 'audit', 0, '', 'sent', 1, now() - interval '2 hours'),
+		('pay', 'new', 0, 'audit', 0, '', 'sent', 3, now() - interval '1 minute'),
+		('pay', 'other', 0, 'api', 0, '', 'sent', 1, now() - interval '1 minute'),
+		('refunds', 'theirs', 0, 'audit', 0, '', 'sent', 1, now() - interval '1 minute'),
+		('pay', 'dead', 0, 'audit', 0, '', 'dead', 9, NULL)`)
+	require.NoError(t, err)
+	vars := []string{"DATABASE_URL=" + url, "IDEM_OUTBOX_DESTINATIONS=api=https://api.example.com/x audit=queue:audit"}
+	pending := func() []string {
+		rows, err := p.Query(context.Background(), `SELECT event_id FROM idem_outbox WHERE state = 'pending' AND attempts = 0 ORDER BY event_id`)
+		require.NoError(t, err)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return ids
+	}
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--since", "1h"}, "give --destination"},
+		{[]string{"--destination", "audit"}, "give --since"},
+		{[]string{"--destination", "audit", "--since", "yesterday"}, `--since "yesterday": want a positive duration`},
+		{[]string{"--destination", "audit", "--since", "-5m"}, `--since "-5m"`},
+	} {
+		r := e.run(vars, append([]string{"outbox", "resend"}, c.args...)...)
+		require.Equal(t, 2, r.code, "%v: %s", c.args, r.out)
+		require.Contains(t, r.out, c.want, c.args)
+	}
+	require.Empty(t, pending(), "a refused resend changes nothing")
+
+	r := e.run(vars, "outbox", "resend", "--destination", "audit", "--scope", "pay", "--since", "1h", "--dry-run")
+	require.Equal(t, 0, r.code, r.out)
+	require.Contains(t, r.out, "1 row(s) of audit sent since ")
+	require.Contains(t, r.out, "would be pending again")
+	require.Empty(t, pending(), "--dry-run changes nothing")
+
+	r = e.run(vars, "outbox", "resend", "--destination", "audit", "--scope", "pay", "--since", "1h")
+	require.Equal(t, 0, r.code, r.out)
+	require.Contains(t, r.out, "1 row(s) of audit sent since ")
+	require.Equal(t, []string{"new"}, pending(), "only pay's audit row sent within the hour")
+
+	r = e.run(vars, "outbox", "resend", "--destination", "audit", "--since", time.Now().Add(-3*time.Hour).UTC().Format(time.RFC3339))
+	require.Equal(t, 0, r.code, r.out)
+	require.Contains(t, r.out, "2 row(s) of audit")
+	require.Equal(t, []string{"new", "old", "theirs"}, pending(), "the dead row and the api row stay as they were")
 }
