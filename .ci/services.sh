@@ -69,6 +69,13 @@ alert_tools() {
 	need_pkg promtool --no-install-recommends prometheus
 }
 
+# pgbouncer: the tests that run idem behind a transaction-mode pooler
+# start PgBouncers of their own (internal/sandbox); only the binary is
+# needed. The package's own service is not used.
+pooler_tools() {
+	need_pkg pgbouncer pgbouncer
+}
+
 port_open() { # port_open PORT
 	(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
@@ -89,6 +96,7 @@ compose() {
 	wait_for Redis 30 port_open 6379
 	wait_for RabbitMQ 120 port_open 5672
 	command -v promtool >/dev/null 2>&1 || log "promtool is missing: the alert rules' test fails under CI=true and skips otherwise (install Prometheus's promtool)"
+	command -v pgbouncer >/dev/null 2>&1 || log "pgbouncer is missing: the pooler tests fail under CI=true and skip otherwise (install PgBouncer)"
 }
 
 if ! command -v apt-get >/dev/null 2>&1 && command -v docker >/dev/null 2>&1; then
@@ -101,4 +109,5 @@ postgres
 redis
 rabbitmq
 alert_tools
-log "PostgreSQL, Redis and RabbitMQ are up; promtool is installed"
+pooler_tools
+log "PostgreSQL, Redis and RabbitMQ are up; promtool and pgbouncer are installed"

@@ -87,17 +87,31 @@ WHERE s.source = 'default'`
 
 // Apply bounds the sessions of pc's pool as b says: on each new connection
 // it sets b's settings that nothing else set, and it dials TCP with
-// keepalives and TCP_USER_TIMEOUT. A transaction may lift a bound for
+// keepalives and TCP_USER_TIMEOUT. Behind a transaction-mode pooler (see
+// Probe) it sets no session setting and, unless the URL chose an exec
+// mode, uses PoolerExecMode. A transaction may lift a bound for
 // itself (SET LOCAL statement_timeout = 0), as migrations do.
 func Apply(pc *pgxpool.Config, b Bounds) {
 	var names, values []string
 	for k, v := range b.Params() {
 		names, values = append(names, k), append(values, v)
 	}
+	p := &pooler{setMode: HasParam(pc.ConnString(), ExecModeParam)}
+	before := pc.BeforeConnect
+	pc.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
+		if before != nil {
+			if err := before(ctx, cc); err != nil {
+				return err
+			}
+		}
+		return p.beforeConnect(ctx, cc)
+	}
 	next := pc.AfterConnect
 	pc.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-		if _, err := conn.Exec(ctx, setUnset, names, values); err != nil {
-			return fmt.Errorf("bound the session: %w", err)
+		if !p.isPooled() {
+			if _, err := conn.Exec(ctx, setUnset, names, values); err != nil {
+				return fmt.Errorf("bound the session: %w", err)
+			}
 		}
 		if next != nil {
 			return next(ctx, conn)

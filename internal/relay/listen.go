@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemhq/idem/internal/pgsession"
 )
 
 // listen wakes the relay on every idem_outbox notification, on a
@@ -15,6 +17,13 @@ import (
 func listen(ctx context.Context, db *pgxpool.Pool, wake chan<- struct{}, log *slog.Logger) {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
+		// A transaction-mode pooler lends the LISTENing session to other
+		// clients between statements: its notifications would reach them,
+		// not this connection. Polling carries the relay alone there.
+		if pooled, err := pgsession.PoolIsPooled(ctx, db); err == nil && pooled {
+			log.Info("outbox: PostgreSQL is reached through a transaction-mode pooler, which LISTEN cannot pass: the relay polls (outbox.poll_interval)")
+			return
+		}
 		err := listenOnce(ctx, db, wake)
 		if ctx.Err() != nil {
 			return

@@ -28,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemhq/idem/internal/pgsession"
 	"github.com/idemhq/idem/internal/step"
 )
 
@@ -176,6 +177,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	hctx, stopHelpers := context.WithCancel(ctx)
 	var helpers sync.WaitGroup
 	defer func() { stopHelpers(); helpers.Wait() }()
+	// A pool that prepares named statements behind a transaction-mode
+	// pooler would fail its statements now and then: refused, with what
+	// to set (idem's own pools adapt; see pgsession.Apply).
+	if err := pgsession.CheckPool(ctx, r.cfg.DB); errors.Is(err, pgsession.ErrPooledStatements) {
+		return fmt.Errorf("relay: %w (in pgx: ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe)", err)
+	}
 	wake := make(chan struct{}, 1)
 	r.pauses.clearOwn(ctx)
 	helpers.Go(func() { listen(hctx, r.cfg.DB, wake, r.log) })

@@ -270,6 +270,27 @@ func (s *Service[T]) startUp(ctx context.Context) (notBefore time.Time, former i
 		wait := func(w string, fn func(context.Context) error) error {
 			return pgerr.Wait(ctx, cc.StartupTimeout, what(w), s.log, fn)
 		}
+		if !s.ownDBs {
+			// A pool of the service's own behind a transaction-mode pooler
+			// must not prepare named statements: said now, not as every
+			// claim's 26000 or 42P05 (idem's own pools adapt, see
+			// pgsession.Apply).
+			var refused error
+			if err := wait("probing for a transaction pooler", func(ctx context.Context) error {
+				err := pgsession.CheckPool(ctx, pool)
+				if errors.Is(err, pgsession.ErrPooledStatements) {
+					refused = err
+					return nil // not the database's fault: no retry
+				}
+				return err
+			}); err != nil {
+				return notBefore, 0, err
+			}
+			if refused != nil {
+				return notBefore, 0, fmt.Errorf("idem: %s: %w (in pgx: ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe)",
+					what("Databases"), refused)
+			}
+		}
 		if s.cfg.Migrate {
 			err := wait("migrations", func(ctx context.Context) error {
 				for _, set := range append([]migrations.Set{migrations.Guard}, s.cfg.Migrations...) {
