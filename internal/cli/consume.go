@@ -174,13 +174,14 @@ func serve[T any](ctx context.Context, s serving, sc idem.Config, h consumer.Han
 // place they meet.
 func ServiceConfig(cfg config.Config, dbs Shards, rdb redis.UniversalClient, log *slog.Logger) idem.Config {
 	return idem.Config{
-		Scope:         cfg.Scope,
-		Databases:     dbs,
-		Redis:         rdb,
-		Fast:          cfg.FastConfig(),
-		Consumer:      cfg.ConsumerConfig(),
-		PruneInterval: cfg.Postgres.PruneInterval,
-		Logger:        log,
+		Scope:          cfg.Scope,
+		Databases:      dbs,
+		Redis:          rdb,
+		Fast:           cfg.FastConfig(),
+		Consumer:       cfg.ConsumerConfig(),
+		PruneInterval:  cfg.Postgres.PruneInterval,
+		HistoryWithout: cfg.HistoryWithout(),
+		Logger:         log,
 	}
 }
 

@@ -227,7 +227,7 @@ func inspectRedis(ctx context.Context, tw io.Writer, cfg config.Config, id strin
 		}
 		return nil
 	}
-	fmt.Fprintf(tw, "marker history:\t%s\n", markerHistory(ctx, m, dbs))
+	fmt.Fprintf(tw, "marker history:\t%s\n", markerHistory(ctx, m, dbs, cfg.HistoryWithout()))
 	return nil
 }
 
@@ -236,7 +236,7 @@ func inspectRedis(ctx context.Context, tw io.Writer, cfg config.Config, id strin
 // database that committed it has since failed over, been restored or been
 // re-created, and the next copy of the event goes to PostgreSQL, which
 // decides.
-func markerHistory(ctx context.Context, m fastkey.Marker, dbs Shards) string {
+func markerHistory(ctx context.Context, m fastkey.Marker, dbs Shards, without []string) string {
 	switch {
 	case m.History == "" && m.State == tier.FastPending:
 		return "none (taken before its holder knew the database's history)"
@@ -246,7 +246,11 @@ func markerHistory(ctx context.Context, m fastkey.Marker, dbs Shards) string {
 	mh := inert(string(m.History)) // whoever can write the key wrote it
 	var now, unread []string
 	for i, pool := range dbs {
-		h, err := pgtier.New(pool).History(ctx)
+		st, err := pgtier.NewWith(pool, pgtier.Options{HistoryWithout: without}) // as the consumers read it
+		if err != nil {
+			return err.Error()
+		}
+		h, err := st.History(ctx)
 		if err != nil {
 			unread = append(unread, fmt.Sprintf("%s could not be read: %v", cmp.Or(dbs.name(i), "the database's"), dbErr(err)))
 			continue

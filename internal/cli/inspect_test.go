@@ -25,13 +25,13 @@ func TestInspectSaysWhetherAMarkersHistoryIsTheDatabases(t *testing.T) {
 	dbs := Shards{pool}
 
 	require.Equal(t, string(now)+", the database's now: trusted",
-		markerHistory(ctx, fastkey.Marker{State: tier.FastDone, History: now}, dbs))
+		markerHistory(ctx, fastkey.Marker{State: tier.FastDone, History: now}, dbs, nil))
 	require.Equal(t, string(now)+", shard 0's now: trusted by a consumer whose event maps to shard 0",
-		markerHistory(ctx, fastkey.Marker{State: tier.FastDone, History: now}, Shards{pool, pool}))
-	other := markerHistory(ctx, fastkey.Marker{State: tier.FastDone, History: "0123456789ab"}, dbs)
+		markerHistory(ctx, fastkey.Marker{State: tier.FastDone, History: now}, Shards{pool, pool}, nil))
+	other := markerHistory(ctx, fastkey.Marker{State: tier.FastDone, History: "0123456789ab"}, dbs, nil)
 	require.Contains(t, other, "0123456789ab, not the database's now ("+string(now)+")")
 	require.Contains(t, other, "the marker counts as absent and the next copy goes to PostgreSQL")
-	require.Contains(t, markerHistory(ctx, fastkey.Marker{State: tier.FastDone}, dbs), "counts as absent")
-	require.Contains(t, markerHistory(ctx, fastkey.Marker{State: tier.FastPending, History: "0123456789ab"}, dbs),
+	require.Contains(t, markerHistory(ctx, fastkey.Marker{State: tier.FastDone}, dbs, nil), "counts as absent")
+	require.Contains(t, markerHistory(ctx, fastkey.Marker{State: tier.FastPending, History: "0123456789ab"}, dbs, nil),
 		"a lease holds whatever its history until it expires")
 }

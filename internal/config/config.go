@@ -309,6 +309,21 @@ type Postgres struct {
 	// this often (counted in idem_retention_rows_pruned_total). Zero
 	// leaves pruning to idem prune. Defaults to 0.
 	PruneInterval time.Duration `yaml:"prune_interval"`
+	// HistoryWithout leaves parts of the database's history out, for a
+	// managed service that refuses their functions: any of
+	// pg_control_system, pg_walfile_name, pg_postmaster_start_time,
+	// pg_relation_filenode, separated by spaces or commas. A weaker
+	// guarantee, taken knowingly: an event the database lost in a way the
+	// part would have told (a restore, a failover), re-sent while Redis
+	// still holds its done marker, is dropped as a duplicate (see
+	// docs/operations.md, "Managed PostgreSQL"). Defaults to empty: every
+	// function is needed, and a missing one is refused at start by name.
+	HistoryWithout string `yaml:"history_without"`
+}
+
+// HistoryWithout is postgres.history_without as a list.
+func (c Config) HistoryWithout() []string {
+	return strings.FieldsFunc(c.Postgres.HistoryWithout, func(r rune) bool { return r == ',' || r == ' ' || r == '\n' || r == '\t' })
 }
 
 // Default returns the configuration with every default filled in: the

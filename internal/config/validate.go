@@ -16,6 +16,7 @@ import (
 	"github.com/idemhq/idem/internal/relay"
 	"github.com/idemhq/idem/pkg/consumer"
 	"github.com/idemhq/idem/pkg/guard"
+	"github.com/idemhq/idem/pkg/guard/pgtier"
 )
 
 // Validate returns an error naming the first bad field by its yaml path.
@@ -97,6 +98,11 @@ func (c Config) validateNames() error {
 
 // validateRanges checks each number and duration against its range.
 func (c Config) validateRanges() error {
+	for _, n := range c.HistoryWithout() {
+		if _, ok := pgtier.HistoryParts[n]; !ok {
+			return bad("postgres.history_without", "%q is no part of the history; want any of pg_control_system, pg_walfile_name, pg_postmaster_start_time, pg_relation_filenode", n)
+		}
+	}
 	if c.Postgres.PruneInterval != 0 && (c.Postgres.PruneInterval < time.Second || c.Postgres.PruneInterval > 24*time.Hour) {
 		return bad("postgres.prune_interval", "%s is out of range; want 0 (off) or 1s to 1d", c.Postgres.PruneInterval)
 	}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemhq/idem/internal/tier"
@@ -17,16 +19,76 @@ import (
 // markers written before it would still be trusted.
 var ErrPartitionedDedupTable = errors.New("idem_processed is partitioned, which idem does not support: the database's history cannot see it truncated or restored")
 
+// GuardCall is a function the guard's statements call beyond plain SQL,
+// which a role without EXECUTE, a standby, or an engine that lacks it
+// refuses.
+type GuardCall struct {
+	Function string // as GRANT EXECUTE ON FUNCTION names it
+	SQL      string // a statement that calls it alone
+	Why      string // what the guard reads or writes with it
+}
+
+// GuardCalls are the functions a claim calls, in the order CheckGuardCalls
+// tries them. The first six make the database's history (see
+// pgtier.History); the others commit the WAL message of a claim that only
+// finds rows.
+var GuardCalls = []GuardCall{
+	{"pg_control_system()", `SELECT system_identifier FROM pg_control_system()`,
+		"the cluster's system identifier, which tells a dump restored into another cluster"},
+	{"pg_current_wal_lsn()", `SELECT pg_current_wal_lsn()`,
+		"the WAL position, which a standby refuses as it refuses the claim's INSERT"},
+	{"pg_walfile_name(pg_lsn)", `SELECT pg_walfile_name('0/0'::pg_lsn)`,
+		"the timeline in the current WAL file's name, which a failover or a point-in-time restore changes"},
+	{"pg_postmaster_start_time()", `SELECT pg_postmaster_start_time()`,
+		"when the server started, which tells a file-system snapshot put back"},
+	{"pg_relation_filenode(regclass)", `SELECT pg_relation_filenode(to_regclass('idem_processed'))`,
+		"the dedup table's file node, which tells it truncated or restored under a running server"},
+	{"pg_advisory_xact_lock_shared(integer, integer)", `SELECT pg_advisory_xact_lock_shared(1, 1)`,
+		"the lock every claim holds so that prune waits for it"},
+	{"pg_logical_emit_message(boolean, text, text)", `SELECT pg_logical_emit_message(true, 'idem', '')`,
+		"the WAL message a claim that only finds rows commits, so that a synchronous standby has them before they are acked"},
+	{"pg_current_wal_flush_lsn()", `SELECT pg_current_wal_flush_lsn()`,
+		"the WAL positions a claim that only finds rows reads to know whether it needs its WAL message"},
+	{"pg_current_wal_insert_lsn()", `SELECT pg_current_wal_insert_lsn()`,
+		"the WAL positions a claim that only finds rows reads to know whether it needs its WAL message"},
+}
+
+// CallError is a guard call the database refused at start.
+type CallError struct {
+	Call GuardCall
+	Role string // current_user
+	Err  error
+}
+
+func (e *CallError) Error() string {
+	return fmt.Sprintf("the guard cannot call %s (%s): %v. Remedy: as a superuser (or the function's owner), GRANT EXECUTE ON FUNCTION %s TO %s; "+
+		"on a standby, point idem at the primary; on a managed service that refuses it, see \"Managed PostgreSQL\" in docs/operations.md",
+		e.Call.Function, e.Call.Why, e.Err, e.Call.Function, e.Role)
+}
+
+func (e *CallError) Unwrap() error { return e.Err }
+
+// leftOut reports whether the history part without names calls c alone
+// (pg_walfile_name reads pg_current_wal_lsn only for the history).
+func (c GuardCall) leftOut(without []string) bool {
+	for _, w := range without {
+		if strings.HasPrefix(c.Function, w+"(") || (w == "pg_walfile_name" && c.Function == "pg_current_wal_lsn()") {
+			return true
+		}
+	}
+	return false
+}
+
 // CheckGuardCalls checks, at start, what the guard's claims call beyond
-// plain SQL, so that a role or an engine without it is told at once
-// instead of failing every claim: the database's history (history: the
-// store's read of it; pg_control_system, pg_current_wal_lsn and
-// pg_postmaster_start_time, which a standby or a revoked EXECUTE refuses),
-// and the WAL message a claim that only finds rows commits
-// (pg_logical_emit_message, in a transaction rolled back here) with the WAL
-// positions it reads to know whether it needs it. It also
-// refuses a partitioned idem_processed.
-func CheckGuardCalls(ctx context.Context, pool *pgxpool.Pool, history func(context.Context) (tier.History, error)) error {
+// plain SQL (GuardCalls, each alone, in a transaction rolled back here),
+// and then the store's own read of the history, so that a role, a standby
+// or an engine without one is told at once, naming the function and the
+// GRANT, instead of failing every claim. It also refuses a partitioned
+// idem_processed.
+//
+// The functions of the history parts without names (pgtier's
+// HistoryWithout) are not checked: the history leaves them out.
+func CheckGuardCalls(ctx context.Context, pool *pgxpool.Pool, history func(context.Context) (tier.History, error), without ...string) error {
 	var kind string
 	err := pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = to_regclass('idem_processed')`).Scan(&kind)
 	switch {
@@ -37,19 +99,55 @@ func CheckGuardCalls(ctx context.Context, pool *pgxpool.Pool, history func(conte
 	case kind == "p":
 		return ErrPartitionedDedupTable
 	}
-	if _, err := history(ctx); err != nil {
-		return fmt.Errorf("the guard cannot read the database's history (pg_control_system, pg_current_wal_lsn, pg_postmaster_start_time: is it a standby, or was EXECUTE revoked from the role?): %w", err)
-	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, 'idem', '')`); err != nil {
-		return fmt.Errorf("the guard cannot write a WAL message (pg_logical_emit_message, which a claim that only finds rows commits so that a synchronous standby has them before they are acked): %w", err)
+	var role string
+	if err := tx.QueryRow(ctx, `SELECT current_user`).Scan(&role); err != nil {
+		return err
 	}
-	if _, err := tx.Exec(ctx, `SELECT current_setting('synchronous_standby_names'), pg_current_wal_flush_lsn() >= pg_current_wal_insert_lsn()`); err != nil {
-		return fmt.Errorf("the guard cannot read the WAL positions (pg_current_wal_flush_lsn, pg_current_wal_insert_lsn, which a claim that only finds rows reads to know whether it needs its WAL message): %w", err)
+	for i, c := range GuardCalls {
+		if c.leftOut(without) {
+			continue
+		}
+		sp := fmt.Sprintf("idem_call_%d", i)
+		if _, err := tx.Exec(ctx, "SAVEPOINT "+sp); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, c.SQL); err != nil {
+			if !refused(err) {
+				return err
+			}
+			return &CallError{Call: c, Role: role, Err: err}
+		}
+	}
+	if _, err := history(ctx); err != nil {
+		return fmt.Errorf("the guard cannot read the database's history (%s): %w", historyCalls(), err)
 	}
 	return nil
+}
+
+// refused reports whether err is the database refusing a call as such
+// (no privilege, no such function, not on a standby, a feature the engine
+// lacks), not a connection or a timeout, which the caller retries.
+func refused(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	switch pe.Code[:2] {
+	case "42", "55", "0A", "25", "38", "39", "XX":
+		return true
+	}
+	return false
+}
+
+func historyCalls() string {
+	var names []string
+	for _, c := range GuardCalls[:5] {
+		names = append(names, c.Function)
+	}
+	return strings.Join(names, ", ")
 }

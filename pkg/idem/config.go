@@ -86,6 +86,17 @@ type Config struct {
 	// database that does not answer is waited for as for idem's own
 	// checks.
 	CheckReady func(ctx context.Context, shard int, db *pgxpool.Pool) error
+	// HistoryWithout leaves parts of the database's history out of the
+	// check that done markers in Redis pass (pgtier.Options.HistoryWithout:
+	// pg_control_system, pg_walfile_name, pg_postmaster_start_time,
+	// pg_relation_filenode), for a managed service that refuses those
+	// functions to the runtime role. A weaker guarantee, taken knowingly:
+	// an event the database lost in a way the part would have told (a
+	// restore, a failover, ...), re-sent while Redis still holds its done
+	// marker, is dropped as a duplicate. Run logs it as a warning. Empty
+	// (the default) needs every function and refuses to start without one,
+	// naming it and the GRANT.
+	HistoryWithout []string
 	// PruneInterval, if set, deletes dedup rows older than the retention
 	// this often, from every shard, as `idem prune` does. Every
 	// instance of a fleet may run it. Zero leaves pruning to `idem prune`.

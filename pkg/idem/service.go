@@ -83,6 +83,10 @@ func New[T any](cfg Config, h consumer.Handler[T]) (*Service[T], error) {
 		return nil, err
 	}
 	s.warnLinks()
+	for _, part := range s.cfg.HistoryWithout {
+		s.log.Warn("the database's history leaves out "+part+" (HistoryWithout, postgres.history_without): a done marker in Redis is not checked against "+
+			pgtier.HistoryParts[part]+"; an event lost that way and re-sent while Redis holds its marker is dropped as a duplicate", "part", part)
+	}
 	// Build once, so that every bad setting is New's error, not Run's.
 	if _, _, err := s.build(time.Time{}, 0); err != nil {
 		s.close()
@@ -118,7 +122,11 @@ func (s *Service[T]) open() error {
 	}
 	dbs := make([]replication.Querier, len(s.dbs))
 	for i, p := range s.dbs {
-		s.stores = append(s.stores, pgtier.New(p))
+		st, err := pgtier.NewWith(p, pgtier.Options{HistoryWithout: cfg.HistoryWithout})
+		if err != nil {
+			return fmt.Errorf("idem: HistoryWithout: %w", err)
+		}
+		s.stores = append(s.stores, st)
 		dbs[i] = p
 	}
 	s.repl = replication.NewWatcher(dbs, s.log)
@@ -345,7 +353,7 @@ func (s *Service[T]) startUp(ctx context.Context) (notBefore time.Time, former i
 		// Every claim calls these: a role or engine without them is a
 		// setting to fix, said now, not a failure of every event.
 		if err := wait("checking the calls the guard's claims make", func(ctx context.Context) error {
-			return layout.CheckGuardCalls(ctx, pool, s.stores[i].History)
+			return layout.CheckGuardCalls(ctx, pool, s.stores[i].History, s.cfg.HistoryWithout...)
 		}); err != nil {
 			return notBefore, 0, fmt.Errorf("idem: %s: %w", what("database"), err)
 		}

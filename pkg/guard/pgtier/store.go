@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,13 +22,36 @@ import (
 type Store struct {
 	pool    *pgxpool.Pool
 	untimed untimedRecord
+	claim   string // the claim statement
+	history string // the history query
 }
 
 var _ guard.Store = (*Store)(nil)
 
 // New returns a Store over pool. The pool's search_path must reach the
 // idem_processed table created by the migrations.
-func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool, claim: claim, history: historyQuery} }
+
+// Options tune a Store made by NewWith.
+type Options struct {
+	// HistoryWithout leaves parts of the database's history out (their
+	// names are HistoryParts' keys), for a managed service that refuses
+	// their functions. A weaker guarantee, taken knowingly: a done marker
+	// in Redis is no longer checked against what each part tells (see
+	// HistoryParts), so an event the database lost that way, re-sent while
+	// Redis still holds its marker, is dropped as a duplicate. Leave it
+	// empty wherever the functions can be granted.
+	HistoryWithout []string
+}
+
+// NewWith is New with o; it refuses an unknown history part.
+func NewWith(pool *pgxpool.Pool, o Options) (*Store, error) {
+	h, err := historyWithout(o.HistoryWithout)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{pool: pool, claim: strings.Replace(claim, historyExpr, h, 1), history: `SELECT ` + h}, nil
+}
 
 // beginQuery starts the guard's transactions. synchronous_commit is pinned
 // on: with it off (in the server's config, the role's, the database's or
@@ -139,7 +163,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, events []gua
 		ids[i], hashes[i] = ev.ID, ev.Hash
 		times[i] = pgtype.Timestamptz{Time: ev.Time, Valid: !ev.Time.IsZero()}
 	}
-	rows, err := tx.Query(ctx, claim, scope, ids, hashes, times)
+	rows, err := tx.Query(ctx, s.claim, scope, ids, hashes, times)
 	if err != nil {
 		return nil, "", fmt.Errorf("claim dedup rows: %w", err)
 	}
@@ -345,7 +369,7 @@ func (s *Store) resolveExisting(ctx context.Context, tx pgx.Tx, scope string, ev
 // value, read in its own statement.
 func (s *Store) History(ctx context.Context) (tier.History, error) {
 	var h string
-	if err := s.pool.QueryRow(ctx, historyQuery).Scan(&h); err != nil {
+	if err := s.pool.QueryRow(ctx, s.history).Scan(&h); err != nil {
 		return "", fmt.Errorf("read database history: %w", err)
 	}
 	return tier.History(h), nil
