@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -366,48 +367,64 @@ func (r *run) deleteQueue(ctx context.Context, wait time.Duration) (string, erro
 	}
 	select {
 	case <-ctx.Done():
+		return "", ctx.Err() // the run is over: nothing deleted
 	case <-time.After(silence):
 	}
 	if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 		return "", fmt.Errorf("delete %s: %w", q, err)
 	}
+	// The queue is gone: whatever fails from here, it is declared again
+	// and its rows resent, or the run would blame idem for the fault's
+	// own loss.
+	var errs []error
 	for _, l := range silenced {
-		if err := l.Heal(); err != nil {
-			return "", err
-		}
+		errs = append(errs, l.Heal())
 	}
 	silenced = nil
 	by := "the receipts consumers"
-	deadline := time.Now().Add(wait)
-	for {
-		// A passive declare of a missing queue closes the channel.
+	start := time.Now()
+	for back := false; !back; {
+		// A passive declare of a missing queue closes its channel.
 		probe, err := conn.Channel()
-		if err != nil {
-			return "", err
-		}
-		_, err = probe.QueueDeclarePassive(q, true, false, false, false, nil)
-		_ = probe.Close()
 		if err == nil {
-			break
+			_, err = probe.QueueDeclarePassive(q, true, false, false, false, nil)
+			_ = probe.Close()
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			if err := t.Declare(ch); err != nil {
-				return "", fmt.Errorf("declare %s again: %w", q, err)
+		switch {
+		case err == nil:
+			back = true
+		case time.Since(start) > wait || ctx.Err() != nil || conn.IsClosed():
+			by, back = "the run", true
+			if derr := declareAgain(r.publishURL(), t); derr != nil {
+				errs = append(errs, fmt.Errorf("declare %s again: %w", q, derr))
 			}
-			by = "the run"
-			break
+		default:
+			time.Sleep(50 * time.Millisecond)
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
-	back := time.Since(deadline.Add(-wait)).Round(10 * time.Millisecond)
+	took := time.Since(start).Round(10 * time.Millisecond)
 	var resent int64
+	rctx := context.WithoutCancel(ctx)
 	for _, pool := range r.pools {
-		n, err := relay.Resend(ctx, pool, relay.Filter{Destination: "receipts"}, r.t0, false)
-		if err != nil {
-			return "", err
-		}
+		n, err := relay.Resend(rctx, pool, relay.Filter{Destination: "receipts"}, relay.Since{At: r.t0}, false)
+		errs = append(errs, err)
 		resent += n
 	}
+	back := took
 	return fmt.Sprintf("deleted %s after its consumers' broker links were silent for %s; declared again by %s after %s; resent the %d receipts rows sent since the run began",
-		q, silence, by, back, resent), nil
+		q, silence, by, back, resent), errors.Join(errs...)
+}
+
+// declareAgain declares t's queues on a connection of its own.
+func declareAgain(amqpURL string, t broker.Topology) error {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	return t.Declare(ch)
 }

@@ -188,7 +188,7 @@ every shard's dead rows, or with --shard S only that shard's.`
 	if err := Parse(fs, args[1:]); err != nil {
 		return err
 	}
-	var since time.Time
+	var since relay.Since
 	if args[0] == "resend" {
 		switch {
 		case *dest == "":
@@ -197,9 +197,9 @@ every shard's dead rows, or with --shard S only that shard's.`
 			return UsageErr(e, "%s: give --since: a duration back from now (15m) or an RFC 3339 time", cmd)
 		}
 		if d, err := time.ParseDuration(*sinceFlag); err == nil && d > 0 {
-			since = time.Now().Add(-d)
+			since.Back = d // from the database's clock, which stamped sent_at
 		} else if t, err := time.Parse(time.RFC3339, *sinceFlag); err == nil {
-			since = t
+			since.At = t
 		} else {
 			return UsageErr(e, "%s: --since %q: want a positive duration (15m) or an RFC 3339 time (2026-12-05T07:00:00Z)", cmd, *sinceFlag)
 		}
@@ -240,6 +240,13 @@ every shard's dead rows, or with --shard S only that shard's.`
 		if *dry {
 			verb = "would be pending again"
 		}
+		window := "sent in the last " + since.Back.String()
+		if since.Back == 0 {
+			window = "sent since " + since.At.UTC().Format(time.RFC3339)
+		}
+		if keep := cfg.Outbox.Retention; keep <= 0 || since.Back > keep || (since.Back == 0 && time.Since(since.At) > keep) {
+			fmt.Fprintf(e.Stderr, "%s: note: relays keep sent rows outbox.retention (%s here) after they went, then delete them: those sent before are not resent\n", cmd, keep)
+		}
 		for i, pool := range dbs {
 			if *shard >= 0 && i != *shard {
 				continue
@@ -248,7 +255,7 @@ every shard's dead rows, or with --shard S only that shard's.`
 			if err != nil {
 				return dbErr(err)
 			}
-			fmt.Fprintf(e.Stdout, "%s%d row(s) of %s sent since %s %s\n", shardPrefix(dbs, i), k, inert(*dest), since.UTC().Format(time.RFC3339), verb)
+			fmt.Fprintf(e.Stdout, "%s%d row(s) of %s %s %s\n", shardPrefix(dbs, i), k, inert(*dest), window, verb)
 		}
 		return nil
 	}

@@ -108,7 +108,7 @@ func Apply(pc *pgxpool.Config, b Bounds) {
 	}
 	next := pc.AfterConnect
 	pc.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-		if !p.isPooled() {
+		if !p.knownPooled() {
 			if _, err := conn.Exec(ctx, setUnset, names, values); err != nil {
 				return fmt.Errorf("bound the session: %w", err)
 			}

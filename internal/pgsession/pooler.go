@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -41,47 +42,58 @@ const PoolerExecMode = pgx.QueryExecModeCacheDescribe
 const probeTimeout = 5 * time.Second
 
 // Probe reports whether a and b, two client connections to the same
-// database, share server sessions: a named statement a prepares is visible
-// to b, or either's backend changes between its statements. On a direct
-// connection (or a session-mode pooler) neither can happen. A
-// transaction-mode pooler that keeps its most recently used server
-// connection first (PgBouncer's default) shows it at once; Probe looks three
-// times.
+// database, do not each have a session of their own: a named statement or
+// a session setting a made is visible to b, or not (or no longer) to a, or
+// either's backend changes between its statements. On a direct connection
+// (or a session-mode pooler) none can happen. Through a transaction-mode
+// pooler that keeps its most recently used server connection first
+// (PgBouncer's default), b sees a's; one that resets each server
+// connection after use (server_reset_query_always), or renames prepared
+// statements (PgBouncer's max_prepared_statements), hides a's own from a.
+// Probe looks three times.
 func Probe(ctx context.Context, a, b *pgx.Conn) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	name := fmt.Sprintf("idem_pooler_probe_%016x", rand.Uint64())
-	pid := func(c *pgx.Conn) (int32, bool, error) {
-		var p int32
-		var seen bool
-		err := c.QueryRow(ctx, `SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_prepared_statements WHERE name = '`+name+`')`,
-			pgx.QueryExecModeSimpleProtocol).Scan(&p, &seen)
-		return p, seen, err
+	token := fmt.Sprintf("%016x", rand.Uint64())
+	name := "idem_pooler_probe_" + token
+	type view struct {
+		pid     int32
+		stmt    bool   // the probe's named statement is in this session
+		setting string // the probe's session setting, as this session has it
 	}
-	a1, _, err := pid(a)
+	look := func(c *pgx.Conn) (view, error) {
+		var v view
+		err := c.QueryRow(ctx, `SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_prepared_statements WHERE name = '`+name+`'),
+			coalesce(current_setting('idem.pooler_probe', true), '')`, pgx.QueryExecModeSimpleProtocol).Scan(&v.pid, &v.stmt, &v.setting)
+		return v, err
+	}
+	a1, err := look(a)
 	if err != nil {
 		return sharedState(err)
 	}
-	b1, _, err := pid(b)
+	b1, err := look(b)
 	if err != nil {
 		return sharedState(err)
 	}
+	if _, err := a.Exec(ctx, `SELECT set_config('idem.pooler_probe', '`+token+`', false)`, pgx.QueryExecModeSimpleProtocol); err != nil {
+		return sharedState(err)
+	}
+	if _, err := a.Prepare(ctx, name, "SELECT 1"); err != nil {
+		return sharedState(err)
+	}
+	defer func() { _ = a.Deallocate(context.WithoutCancel(ctx), name) }()
 	for range 3 {
-		if _, err := a.Prepare(ctx, name, "SELECT 1"); err != nil {
-			return sharedState(err)
-		}
-		b2, seen, err := pid(b)
+		b2, err := look(b)
 		if err != nil {
 			return sharedState(err)
 		}
-		a2, _, err := pid(a)
+		a2, err := look(a)
 		if err != nil {
 			return sharedState(err)
 		}
-		if seen || a2 != a1 || b2 != b1 {
+		if b2.stmt || b2.setting == token || !a2.stmt || a2.setting != token || a2.pid != a1.pid || b2.pid != b1.pid {
 			return true, nil
 		}
-		_ = a.Deallocate(ctx, name)
 	}
 	return false, nil
 }
@@ -109,43 +121,68 @@ func PreparedStatementError(err error) bool {
 const PoolerHint = "a transaction-mode pooler (PgBouncer pool_mode=transaction or alike) is between idem and PostgreSQL, and this exec mode prepares named statements on server sessions it shares between clients: set " + ExecModeParam + "=cache_describe (or exec, or simple_protocol) in the database URL, or point idem at PostgreSQL or at a session-mode pool"
 
 // pooler is what a pool's connections learnt of a transaction pooler:
-// the first new connection probes (on two connections of its own), and
-// every later one reads the answer.
+// a new connection probes (on two connections of its own) until one probe
+// has answered, and every later one reads the answer; one made while a
+// probe is under way waits for it, within its own context. While no probe
+// has answered, a new connection prepares nothing by name (safe either
+// way) and sets the session bounds (a direct connection needs them;
+// through a pooler they only reach its server connections).
 type pooler struct {
 	mu      sync.Mutex
-	probed  bool
-	pooled  bool
-	setMode bool // the URL chose the exec mode itself
+	probed  bool          // a probe answered
+	pooled  bool          // its answer
+	probing chan struct{} // closed when the probe under way ends; nil: none
+	setMode bool          // the URL chose the exec mode itself
 }
 
-// beforeConnect probes once (until a probe succeeds) and, behind a
-// transaction pooler, sets the new connection's exec mode to
-// PoolerExecMode; it refuses with PoolerHint if the URL chose a mode that
-// prepares named statements.
+// beforeConnect probes if no probe has answered and none is under way
+// and, behind a transaction pooler (or while it is not known), sets the new
+// connection's exec mode to PoolerExecMode; it refuses with PoolerHint if
+// the URL chose a mode that prepares named statements and a pooler is
+// known. A probe that fails never fails the connection: the connection's
+// own dial says what is wrong.
 func (p *pooler) beforeConnect(ctx context.Context, cc *pgx.ConnConfig) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.probed {
-		pooled, err := probeConfig(ctx, cc)
-		if err != nil {
-			return err
-		}
-		p.probed, p.pooled = true, pooled
+	wait, probe := p.probing, false
+	if !p.probed && wait == nil {
+		p.probing, probe = make(chan struct{}), true
 	}
+	p.mu.Unlock()
 	switch {
-	case !p.pooled:
+	case probe:
+		pooled, err := probeConfig(ctx, cc)
+		p.mu.Lock()
+		if err == nil {
+			p.probed, p.pooled = true, pooled
+		}
+		close(p.probing)
+		p.probing = nil
+		p.mu.Unlock()
+	case wait != nil:
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	p.mu.Lock()
+	known, pooled := p.probed, p.pooled
+	p.mu.Unlock()
+	switch {
+	case known && !pooled:
 	case !p.setMode:
 		cc.DefaultQueryExecMode = PoolerExecMode
-	case cc.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement:
+	case known && cc.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement:
 		return errors.New(PoolerHint)
 	}
 	return nil
 }
 
-func (p *pooler) isPooled() bool {
+// knownPooled reports whether a probe found a transaction pooler.
+func (p *pooler) knownPooled() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.pooled
+	return p.probed && p.pooled
 }
 
 // probeConfig runs Probe on two connections of cc's own.
@@ -166,47 +203,35 @@ func probeConfig(ctx context.Context, cc *pgx.ConnConfig) (bool, error) {
 	return Probe(ctx, a, b)
 }
 
-// PoolIsPooled is Probe on two connections of pool (one it cannot get
-// within the probe's bound: it reports no pooler).
+// PoolIsPooled is Probe on two connections of its own, made as pool's
+// are (not taken from pool, which may have none to spare).
 func PoolIsPooled(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
-	pooled, _, err := probePool(ctx, pool)
-	return pooled, err
+	return probeConfig(ctx, pool.Config().ConnConfig)
 }
 
 // ErrPooledStatements is CheckPool's refusal.
 var ErrPooledStatements = errors.New(PoolerHint)
 
-// CheckPool returns ErrPooledStatements if pool reaches PostgreSQL through
-// a transaction-mode pooler and its connections prepare named statements
-// (pgx's default exec mode): a pool a service made itself, which Apply did
-// not fit.
+// CheckPool returns ErrPooledStatements if pool's connections prepare
+// named statements (pgx's default exec mode) and it reaches PostgreSQL
+// through a transaction-mode pooler: a pool a service made itself, which
+// Apply did not fit.
 func CheckPool(ctx context.Context, pool *pgxpool.Pool) error {
-	pooled, mode, err := probePool(ctx, pool)
-	if err == nil && pooled && mode == pgx.QueryExecModeCacheStatement {
+	mode := pool.Config().ConnConfig.DefaultQueryExecMode
+	actx, cancel := context.WithTimeout(ctx, probeTimeout)
+	if c, err := pool.Acquire(actx); err == nil {
+		mode = c.Conn().Config().DefaultQueryExecMode // as a BeforeConnect set it
+		c.Release()
+	}
+	cancel()
+	if mode != pgx.QueryExecModeCacheStatement {
+		return nil
+	}
+	pooled, err := PoolIsPooled(ctx, pool)
+	if err == nil && pooled {
 		err = ErrPooledStatements
 	}
 	return err
-}
-
-func probePool(ctx context.Context, pool *pgxpool.Pool) (bool, pgx.QueryExecMode, error) {
-	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	defer cancel()
-	a, err := pool.Acquire(ctx)
-	if err != nil {
-		return false, 0, err
-	}
-	defer a.Release()
-	mode := a.Conn().Config().DefaultQueryExecMode
-	b, err := pool.Acquire(ctx)
-	if err != nil {
-		if ctx.Err() != nil {
-			return false, mode, nil
-		}
-		return false, mode, err
-	}
-	defer b.Release()
-	pooled, err := Probe(ctx, a.Conn(), b.Conn())
-	return pooled, mode, err
 }
 
 // HasParam reports whether the database URL or DSN sets param.
@@ -215,4 +240,36 @@ func HasParam(dsn, param string) bool {
 		return u.Query().Has(param)
 	}
 	return strings.Contains(dsn, param+"=")
+}
+
+// UnboundBehindPooler reports, when pool reaches PostgreSQL through a
+// transaction-mode pooler, the settings of b that nothing set on its server
+// sessions (the role, the database, the server): Apply sets none there, so
+// an orphaned session would hold its locks until the pooler noticed. With
+// no pooler, or every bound set, it returns none. role is current_user.
+func UnboundBehindPooler(ctx context.Context, pool *pgxpool.Pool, b Bounds) (unset []string, role string, err error) {
+	pooled, err := PoolIsPooled(ctx, pool)
+	if err != nil || !pooled {
+		return nil, "", err
+	}
+	var names []string
+	for k := range b.Params() {
+		if !strings.HasPrefix(k, "tcp_") { // the pooler's own link to the server
+			names = append(names, k)
+		}
+	}
+	slices.Sort(names)
+	rows, err := pool.Query(ctx, `SELECT name, current_user FROM pg_settings WHERE name = ANY($1) AND source = 'default' ORDER BY name`, names)
+	if err != nil {
+		return nil, "", err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n, &role); err != nil {
+			return nil, "", err
+		}
+		unset = append(unset, n)
+	}
+	return unset, role, rows.Err()
 }

@@ -96,33 +96,51 @@ func ReplayWhere(ctx context.Context, db execer, f Filter) (int64, error) {
 	return tag.RowsAffected(), nil
 }
 
+// Since is where a resend's window starts: At, or Back before the
+// database's clock (which stamped sent_at) when Back is set.
+type Since struct {
+	At   time.Time
+	Back time.Duration
+}
+
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
 // Resend makes sent rows pending again with a fresh attempt budget: the rows
-// of f.Destination (which it requires) sent at or after since that f picks
+// of f.Destination (which it requires) sent within since that f picks
 // (f.State is not used). It is for messages lost after their destination
 // took them: a queue deleted with its messages in it, a receiver restored
 // from a backup. The relay sends them again with their original message IDs
 // (and Idempotency-Keys), so a receiver that still has one drops it as a
-// duplicate. Rows deleted after outbox.retention are not resent. With dryRun it
-// only counts them.
-func Resend(ctx context.Context, db queryer, f Filter, since time.Time, dryRun bool) (int64, error) {
+// duplicate. Rows deleted after outbox.retention are not resent. It locks
+// every lane first, so a relay pass under way (one that published a row
+// and has not marked it sent yet) ends before the rows are read. With
+// dryRun it only counts them.
+func Resend(ctx context.Context, db beginner, f Filter, since Since, dryRun bool) (int64, error) {
 	if f.Destination == "" {
 		return 0, fmt.Errorf("resend: no destination")
 	}
-	sql := `UPDATE idem_outbox SET state = 'pending', attempts = 0, next_at = '-infinity', last_error = NULL
-	WHERE state = 'sent' AND sent_at >= $6 AND ` + filterWhere
-	if dryRun {
-		sql = `SELECT count(*) FROM idem_outbox WHERE state = 'sent' AND sent_at >= $6 AND ` + filterWhere
-	}
-	rows, err := db.Query(ctx, sql, f.Scope, f.EventID, f.Destination, "", f.IDs, since)
+	tx, err := db.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("resend: %w", err)
 	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	window := `sent_at >= CASE WHEN $7::bigint > 0 THEN now() - $7 * interval '1 millisecond' ELSE $6::timestamptz END`
+	args := []any{f.Scope, f.EventID, f.Destination, "", f.IDs, since.At, since.Back.Milliseconds()}
 	var n int64
 	if dryRun {
-		n, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+		err = tx.QueryRow(ctx, `SELECT count(*) FROM idem_outbox WHERE state = 'sent' AND `+window+` AND `+filterWhere, args...).Scan(&n)
 	} else {
-		rows.Close()
-		err, n = rows.Err(), rows.CommandTag().RowsAffected()
+		if _, err = tx.Exec(ctx, `SELECT lane FROM idem_outbox_lane ORDER BY lane FOR UPDATE`); err == nil {
+			var tag pgconn.CommandTag
+			tag, err = tx.Exec(ctx, `UPDATE idem_outbox SET state = 'pending', attempts = 0, next_at = '-infinity', last_error = NULL
+			WHERE state = 'sent' AND `+window+` AND `+filterWhere, args...)
+			n = tag.RowsAffected()
+		}
+		if err == nil {
+			err = tx.Commit(ctx)
+		}
 	}
 	if err != nil {
 		return 0, fmt.Errorf("resend: %w", err)

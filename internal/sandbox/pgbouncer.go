@@ -38,6 +38,8 @@ type PgBouncerOptions struct {
 	// Ignore lists startup parameters it accepts and drops
 	// (ignore_startup_parameters); by default extra_float_digits.
 	Ignore []string
+	// Settings are more lines of its [pgbouncer] section, "key = value".
+	Settings []string
 }
 
 // StartPgBouncer starts a PgBouncer in a new directory under parent, in
@@ -86,8 +88,9 @@ max_client_conn = 500
 ignore_startup_parameters = %s
 logfile = %s
 pidfile = %s
+%s
 `, host, port, listen, filepath.Join(dir, "users.txt"), o.Mode, o.PoolSize, strings.Join(o.Ignore, ","),
-		filepath.Join(dir, "log"), filepath.Join(dir, "pid"))
+		filepath.Join(dir, "log"), filepath.Join(dir, "pid"), strings.Join(o.Settings, "\n"))
 	if err := os.WriteFile(filepath.Join(dir, "pgbouncer.ini"), []byte(ini), 0o644); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("sandbox: %w", err)

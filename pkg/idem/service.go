@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -298,6 +299,18 @@ func (s *Service[T]) startUp(ctx context.Context) (notBefore time.Time, former i
 				return notBefore, 0, fmt.Errorf("idem: %s: %w (in pgx: ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe)",
 					what("Databases"), refused)
 			}
+		}
+		// Behind a transaction pooler idem sets no session bound: the role
+		// must (docs/operations.md, "Behind a connection pooler").
+		bounds := pgsession.Bounds{Tx: max(cc.HandlerTimeout, s.cfg.relayTx())}
+		if unset, role, err := pgsession.UnboundBehindPooler(ctx, pool, bounds); err == nil && len(unset) > 0 {
+			var set []string
+			for _, n := range unset {
+				set = append(set, fmt.Sprintf("ALTER ROLE %s SET %s = '%sms'", role, n, bounds.Params()[n]))
+			}
+			s.log.Warn("PostgreSQL is reached through a transaction-mode pooler, where idem sets no session setting, and nothing sets "+
+				strings.Join(unset, ", ")+": a session orphaned mid-transaction holds its row locks until the pooler notices. Set them on the role: "+
+				strings.Join(set, "; "), "shard", i)
 		}
 		if s.cfg.Migrate {
 			err := wait("migrations", func(ctx context.Context) error {

@@ -174,17 +174,22 @@ func TestOutboxResendTakesOneDestinationsSentRows(t *testing.T) {
 
 	r := e.run(vars, "outbox", "resend", "--destination", "audit", "--scope", "pay", "--since", "1h", "--dry-run")
 	require.Equal(t, 0, r.code, r.out)
-	require.Contains(t, r.out, "1 row(s) of audit sent since ")
-	require.Contains(t, r.out, "would be pending again")
+	require.Contains(t, r.out, "1 row(s) of audit sent in the last 1h0m0s would be pending again")
 	require.Empty(t, pending(), "--dry-run changes nothing")
 
 	r = e.run(vars, "outbox", "resend", "--destination", "audit", "--scope", "pay", "--since", "1h")
 	require.Equal(t, 0, r.code, r.out)
-	require.Contains(t, r.out, "1 row(s) of audit sent since ")
+	require.Contains(t, r.out, "1 row(s) of audit sent in the last 1h0m0s pending again")
+	require.NotContains(t, r.out, "note:")
 	require.Equal(t, []string{"new"}, pending(), "only pay's audit row sent within the hour")
 
 	r = e.run(vars, "outbox", "resend", "--destination", "audit", "--since", time.Now().Add(-3*time.Hour).UTC().Format(time.RFC3339))
 	require.Equal(t, 0, r.code, r.out)
-	require.Contains(t, r.out, "2 row(s) of audit")
+	require.Contains(t, r.out, "2 row(s) of audit sent since ")
 	require.Equal(t, []string{"new", "old", "theirs"}, pending(), "the dead row and the api row stay as they were")
+
+	// A window longer than the relays keep sent rows is said.
+	r = e.run(vars, "outbox", "resend", "--destination", "audit", "--since", "48h", "--dry-run")
+	require.Equal(t, 0, r.code, r.out)
+	require.Contains(t, r.out, "note: relays keep sent rows outbox.retention (24h0m0s here)")
 }

@@ -76,6 +76,10 @@ func TestThroughPgBouncerTheDefaultURLWorks(t *testing.T) {
 		require.NoError(t, err)
 		require.NotContains(t, string(b), "prepared statement", p.Name)
 		require.NotContains(t, string(b), "SQLSTATE", p.Name)
+		// No session bound reaches a pooled session: the role must set
+		// them, and the consumer says which and how.
+		require.Contains(t, string(b), "where idem sets no session setting", p.Name)
+		require.Contains(t, string(b), "ALTER ROLE postgres SET idle_in_transaction_session_timeout = '15000ms'", p.Name)
 	}
 	require.Zero(t, totals["requeued"], "%v", totals)
 
