@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -481,8 +482,18 @@ func (k *killSwitch) state() (why, class string) {
 	if !t.probing {
 		next = fmt.Sprintf("next probe in %s", max(0, t.probeAt.Sub(k.now())).Round(100*time.Millisecond))
 	}
-	return fmt.Sprintf("kill switch open for %s: %d distinct events failed with %s within %s (%.0f%% of the events settled): %s; %s",
-		k.now().Sub(t.since).Round(time.Second), t.events, t.class, k.cfg.Window, 100*t.share, t.sample, next), t.class
+	return fmt.Sprintf("kill switch open for %s: %d distinct events failed with %s within %s (%.0f%% of the events settled): %s%s; %s",
+		k.now().Sub(t.since).Round(time.Second), t.events, t.class, k.cfg.Window, 100*t.share, t.sample, hint(t), next), t.class
+}
+
+// hint says what a trip's class usually means where it is not the
+// handler's: a named statement missing or doubled is a transaction-mode
+// pooler that idem's probe did not see.
+func hint(t *trip) string {
+	if (t.class == "26000" || t.class == "42P05") && strings.Contains(t.sample, "prepared statement") {
+		return " (a transaction-mode connection pooler shares server sessions between clients: set default_query_exec_mode=cache_describe in the database URL; in pgx, ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe)"
+	}
+	return ""
 }
 
 // cause is the error of the deliveries handed back because the switch is

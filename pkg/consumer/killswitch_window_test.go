@@ -278,3 +278,17 @@ func TestALockWaitCountsOnceItOutlastsAnyEventsHold(t *testing.T) {
 	*now = now.Add(ht + time.Millisecond)
 	require.False(t, k.waitOutlasts("g", ht), "a handler timeout without a wait: a new spell")
 }
+
+// TestATripOnPreparedStatementsNamesThePooler: claims that fail with a named
+// statement missing (26000) or doubled (42P05) are a transaction-mode pooler
+// idem's probe did not see, not the handler: the open switch says what to
+// set.
+func TestATripOnPreparedStatementsNamesThePooler(t *testing.T) {
+	k := newKillSwitch(Config{}.WithDefaults().KillSwitch, slog.New(slog.DiscardHandler), nopObserver{})
+	k.open = &trip{class: "42P05", sample: `store claim: ERROR: prepared statement "stmtcache_ab" already exists (SQLSTATE 42P05)`, since: time.Now()}
+	why, _ := k.state()
+	require.Contains(t, why, "set default_query_exec_mode=cache_describe")
+	k.open = &trip{class: "42P01", sample: `relation "x" does not exist`, since: time.Now()}
+	why, _ = k.state()
+	require.NotContains(t, why, "default_query_exec_mode")
+}

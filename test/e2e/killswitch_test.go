@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/testenv"
 )
 
@@ -24,8 +25,22 @@ import (
 // stayed green.
 func TestAMissingTableStopsTheConsumerNotTheStream(t *testing.T) {
 	t.Parallel()
+	missingTableStopsTheConsumer(t, newEnv(t, "", ""))
+}
+
+// TestThroughPgBouncerAMissingTableStopsTheConsumer is the same through a
+// transaction-mode PgBouncer: the kill switch reads the same SQLSTATE
+// through the pooler.
+func TestThroughPgBouncerAMissingTableStopsTheConsumer(t *testing.T) {
+	t.Parallel()
+	e, _ := newPoolerEnv(t, sandbox.PgBouncerOptions{})
+	r := e.run([]string{"IDEM_HANDLER=payments"}, "migrate") // through the pooler
+	require.Equal(t, 0, r.code, r.out)
+	missingTableStopsTheConsumer(t, e)
+}
+
+func missingTableStopsTheConsumer(t *testing.T, e *env) {
 	const handful = 5
-	e := newEnv(t, "", "")
 	ctx := context.Background()
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	_, err := e.pool.Exec(ctx, `ALTER TABLE payments_ledger RENAME TO payments_ledger_away`)
