@@ -29,7 +29,11 @@ type Store struct {
 var _ guard.Store = (*Store)(nil)
 
 // New returns a Store over pool. The pool's search_path must reach the
-// idem_processed table created by the migrations.
+// idem_processed table created by the migrations. Behind a transaction-mode
+// pooler (PgBouncer pool_mode=transaction, RDS Proxy, Supavisor) its
+// connections must not prepare named statements (pgx's cache_describe,
+// exec or simple_protocol mode): idem.New and the idem commands check that
+// at start, New does not.
 func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool, claim: claim, history: historyQuery} }
 
 // Options tune a Store made by NewWith.
