@@ -444,6 +444,21 @@ func (r *run) sample(ctx context.Context) {
 // poison event that updated one of them and then hung would, and lets them
 // go after d (rolled back: nothing changes).
 func (r *run) holdHotRows(ctx context.Context, d time.Duration) (string, error) {
+	// Early in a run, on a loaded machine, the fleet may not have applied
+	// a payment yet: wait for a balance row, 15 s at most.
+	for end := time.Now().Add(15 * time.Second); ; {
+		var any bool
+		for _, pool := range r.pools {
+			var n bool
+			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM account_balances)`).Scan(&n); err == nil && n {
+				any = true
+			}
+		}
+		if any || time.Now().After(end) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	var txs []pgx.Tx
 	defer func() {
 		for _, tx := range txs {

@@ -217,14 +217,7 @@ var ErrPooledStatements = errors.New(PoolerHint)
 // through a transaction-mode pooler: a pool a service made itself, which
 // Apply did not fit.
 func CheckPool(ctx context.Context, pool *pgxpool.Pool) error {
-	mode := pool.Config().ConnConfig.DefaultQueryExecMode
-	actx, cancel := context.WithTimeout(ctx, probeTimeout)
-	if c, err := pool.Acquire(actx); err == nil {
-		mode = c.Conn().Config().DefaultQueryExecMode // as a BeforeConnect set it
-		c.Release()
-	}
-	cancel()
-	if mode != pgx.QueryExecModeCacheStatement {
+	if !NamedStatements(ctx, pool) {
 		return nil
 	}
 	pooled, err := PoolIsPooled(ctx, pool)
@@ -232,6 +225,20 @@ func CheckPool(ctx context.Context, pool *pgxpool.Pool) error {
 		err = ErrPooledStatements
 	}
 	return err
+}
+
+// NamedStatements reports whether pool's connections prepare named
+// statements: pgx's default exec mode, as the pool's config or, on one of
+// its connections, a BeforeConnect set it.
+func NamedStatements(ctx context.Context, pool *pgxpool.Pool) bool {
+	mode := pool.Config().ConnConfig.DefaultQueryExecMode
+	actx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	if c, err := pool.Acquire(actx); err == nil {
+		mode = c.Conn().Config().DefaultQueryExecMode
+		c.Release()
+	}
+	return mode == pgx.QueryExecModeCacheStatement
 }
 
 // HasParam reports whether the database URL or DSN sets param.
@@ -242,16 +249,11 @@ func HasParam(dsn, param string) bool {
 	return strings.Contains(dsn, param+"=")
 }
 
-// UnboundBehindPooler reports, when pool reaches PostgreSQL through a
-// transaction-mode pooler, the settings of b that nothing set on its server
-// sessions (the role, the database, the server): Apply sets none there, so
-// an orphaned session would hold its locks until the pooler noticed. With
-// no pooler, or every bound set, it returns none. role is current_user.
-func UnboundBehindPooler(ctx context.Context, pool *pgxpool.Pool, b Bounds) (unset []string, role string, err error) {
-	pooled, err := PoolIsPooled(ctx, pool)
-	if err != nil || !pooled {
-		return nil, "", err
-	}
+// UnsetBounds returns the settings of b that nothing set on pool's server
+// sessions (the role, the database, the server): behind a transaction
+// pooler Apply sets none there, so an orphaned session would hold its locks
+// until the pooler noticed. role is current_user.
+func UnsetBounds(ctx context.Context, pool *pgxpool.Pool, b Bounds) (unset []string, role string, err error) {
 	var names []string
 	for k := range b.Params() {
 		if !strings.HasPrefix(k, "tcp_") { // the pooler's own link to the server

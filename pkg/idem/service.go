@@ -264,6 +264,24 @@ func (s *Service[T]) Run(ctx context.Context) error {
 	return err
 }
 
+// warnUnbound logs, for a pool behind a transaction-mode pooler, the
+// session bounds nothing sets on its server sessions (Apply sets none
+// there) and the ALTER ROLE statements that would.
+func (s *Service[T]) warnUnbound(ctx context.Context, pool *pgxpool.Pool, shard int) {
+	bounds := pgsession.Bounds{Tx: max(s.cfg.Consumer.HandlerTimeout, s.cfg.relayTx())}
+	unset, role, err := pgsession.UnsetBounds(ctx, pool, bounds)
+	if err != nil || len(unset) == 0 {
+		return
+	}
+	var set []string
+	for _, n := range unset {
+		set = append(set, fmt.Sprintf("ALTER ROLE %s SET %s = '%sms'", role, n, bounds.Params()[n]))
+	}
+	s.log.Warn("PostgreSQL is reached through a transaction-mode pooler, where idem sets no session setting, and nothing sets "+
+		strings.Join(unset, ", ")+": a session orphaned mid-transaction holds its row locks until the pooler notices. Set them on the role: "+
+		strings.Join(set, "; "), "shard", shard)
+}
+
 // startUp runs the checks and records of Run's start, and returns where
 // the earliest event the consumer may take lies and the stream's former
 // partition count.
@@ -279,38 +297,23 @@ func (s *Service[T]) startUp(ctx context.Context) (notBefore time.Time, former i
 		wait := func(w string, fn func(context.Context) error) error {
 			return pgerr.Wait(ctx, cc.StartupTimeout, what(w), s.log, fn)
 		}
-		if !s.ownDBs {
-			// A pool of the service's own behind a transaction-mode pooler
-			// must not prepare named statements: said now, not as every
-			// claim's 26000 or 42P05 (idem's own pools adapt, see
-			// pgsession.Apply).
-			var refused error
-			if err := wait("probing for a transaction pooler", func(ctx context.Context) error {
-				err := pgsession.CheckPool(ctx, pool)
-				if errors.Is(err, pgsession.ErrPooledStatements) {
-					refused = err
-					return nil // not the database's fault: no retry
-				}
-				return err
-			}); err != nil {
-				return notBefore, 0, err
-			}
-			if refused != nil {
-				return notBefore, 0, fmt.Errorf("idem: %s: %w (in pgx: ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe)",
-					what("Databases"), refused)
-			}
+		// Behind a transaction-mode pooler: a pool of the service's own must
+		// not prepare named statements (said now, not as every claim's
+		// 26000 or 42P05; idem's own pools adapt, see pgsession.Apply), and
+		// the role must set the session bounds idem sets nowhere there.
+		var pooled bool
+		if err := wait("probing for a transaction pooler", func(ctx context.Context) (err error) {
+			pooled, err = pgsession.PoolIsPooled(ctx, pool)
+			return err
+		}); err != nil {
+			return notBefore, 0, err
 		}
-		// Behind a transaction pooler idem sets no session bound: the role
-		// must (docs/operations.md, "Behind a connection pooler").
-		bounds := pgsession.Bounds{Tx: max(cc.HandlerTimeout, s.cfg.relayTx())}
-		if unset, role, err := pgsession.UnboundBehindPooler(ctx, pool, bounds); err == nil && len(unset) > 0 {
-			var set []string
-			for _, n := range unset {
-				set = append(set, fmt.Sprintf("ALTER ROLE %s SET %s = '%sms'", role, n, bounds.Params()[n]))
-			}
-			s.log.Warn("PostgreSQL is reached through a transaction-mode pooler, where idem sets no session setting, and nothing sets "+
-				strings.Join(unset, ", ")+": a session orphaned mid-transaction holds its row locks until the pooler notices. Set them on the role: "+
-				strings.Join(set, "; "), "shard", i)
+		if pooled && !s.ownDBs && pgsession.NamedStatements(ctx, pool) {
+			return notBefore, 0, fmt.Errorf("idem: %s: %w (in pgx: ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe)",
+				what("Databases"), pgsession.ErrPooledStatements)
+		}
+		if pooled {
+			s.warnUnbound(ctx, pool, i)
 		}
 		if s.cfg.Migrate {
 			err := wait("migrations", func(ctx context.Context) error {
