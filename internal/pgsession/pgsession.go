@@ -97,6 +97,7 @@ func Apply(pc *pgxpool.Config, b Bounds) {
 		names, values = append(names, k), append(values, v)
 	}
 	p := &pooler{setMode: HasParam(pc.ConnString(), ExecModeParam)}
+	fitted.Store(pc.ConnString(), p)
 	before := pc.BeforeConnect
 	pc.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
 		if before != nil {

@@ -178,6 +178,24 @@ func (p *pooler) beforeConnect(ctx context.Context, cc *pgx.ConnConfig) error {
 	return nil
 }
 
+// fitted are the poolers of the pools Apply fitted, by connection string:
+// pools on one URL reach the server the same way.
+var fitted sync.Map // string -> *pooler
+
+// Known returns what the probe of a pool Apply fitted found, once one of
+// its connections was made: known is false for a pool Apply did not fit,
+// or whose probe has not answered.
+func Known(pool *pgxpool.Pool) (pooled, known bool) {
+	v, ok := fitted.Load(pool.Config().ConnString())
+	if !ok {
+		return false, false
+	}
+	p := v.(*pooler)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pooled, p.probed
+}
+
 // knownPooled reports whether a probe found a transaction pooler.
 func (p *pooler) knownPooled() bool {
 	p.mu.Lock()

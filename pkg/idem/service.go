@@ -301,14 +301,19 @@ func (s *Service[T]) startUp(ctx context.Context) (notBefore time.Time, former i
 		// not prepare named statements (said now, not as every claim's
 		// 26000 or 42P05; idem's own pools adapt, see pgsession.Apply), and
 		// the role must set the session bounds idem sets nowhere there.
-		var pooled bool
-		if err := wait("probing for a transaction pooler", func(ctx context.Context) (err error) {
-			pooled, err = pgsession.PoolIsPooled(ctx, pool)
-			return err
-		}); err != nil {
-			return notBefore, 0, err
+		// A pool idem fitted (pgsession.Apply) probed at its first
+		// connection, which NamedStatements makes; another is probed here.
+		named := pgsession.NamedStatements(ctx, pool)
+		pooled, known := pgsession.Known(pool)
+		if !known {
+			if err := wait("probing for a transaction pooler", func(ctx context.Context) (err error) {
+				pooled, err = pgsession.PoolIsPooled(ctx, pool)
+				return err
+			}); err != nil {
+				return notBefore, 0, err
+			}
 		}
-		if pooled && !s.ownDBs && pgsession.NamedStatements(ctx, pool) {
+		if pooled && named {
 			return notBefore, 0, fmt.Errorf("idem: %s: %w (in pgx: ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe)",
 				what("Databases"), pgsession.ErrPooledStatements)
 		}
