@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/url"
 	"slices"
 	"strings"
@@ -213,12 +214,31 @@ func probeConfig(ctx context.Context, cc *pgx.ConnConfig) (bool, error) {
 		return false, err
 	}
 	defer a.Close(context.WithoutCancel(ctx))
+	if direct(ctx, a) {
+		return false, nil // nothing in between: no second connection
+	}
 	b, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
 		return false, err
 	}
 	defer b.Close(context.WithoutCancel(ctx))
 	return Probe(ctx, a, b)
+}
+
+// direct reports whether c's TCP connection ends at the server itself: the
+// server sees it come from the port it leaves here. Anything in between (a
+// pooler, a proxy, NAT) shows another port, and a Unix socket none: then
+// only Probe can tell.
+func direct(ctx context.Context, c *pgx.Conn) bool {
+	local, ok := c.PgConn().Conn().LocalAddr().(*net.TCPAddr)
+	if !ok {
+		return false
+	}
+	var port *int32
+	if err := c.QueryRow(ctx, `SELECT inet_client_port()`, pgx.QueryExecModeSimpleProtocol).Scan(&port); err != nil || port == nil {
+		return false
+	}
+	return int(*port) == local.Port
 }
 
 // PoolIsPooled is Probe on two connections of its own, made as pool's
