@@ -2,7 +2,7 @@
 GO ?= go
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: demo test services build lint chaos lab bench scale clean
+.PHONY: demo test services build lint chaos lab bench scale console console-shots clean
 
 ## demo: start the local services, then run a fleet of consumers on a stream with duplicates and verify it
 demo: services build
@@ -50,6 +50,14 @@ scale: services build
 	$(GO) test -run '^$$' -bench DoneMarkerMemory -benchtime 200000x ./pkg/guard/redistier/
 	./bin/idem-lab bench --events 200000 --runs 3 --json scale-bench.json --rows 'raw 25%;batched, Redis on, 25%;batched, Redis off, 25%;batched, Redis on, 100%'
 	./bin/idem-lab chaos --cluster --duration 3m --seed 20261130 --dir chaos-cluster-report
+
+## console: serve the operator's console on http://127.0.0.1:8089/ for the local demo's stream (docs/console.md)
+console: services build
+	./bin/idem console
+
+## console-shots: rerun the console's browser test, saving its screenshots to docs/console
+console-shots: services
+	CONSOLE_SHOTS=$(CURDIR)/docs/console $(GO) test -race -count=1 -run TestTheConsoleShowsWhatIsWrongAndFixesIt ./test/e2e/
 
 clean:
 	rm -rf bin

@@ -76,6 +76,12 @@ pooler_tools() {
 	need_pkg pgbouncer pgbouncer
 }
 
+# chromium: the console's browser tests (test/e2e/console_test.go) drive
+# Debian's Chromium headless through chromedp.
+browser_tools() {
+	need_pkg chromium --no-install-recommends chromium
+}
+
 port_open() { # port_open PORT
 	(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
@@ -97,6 +103,7 @@ compose() {
 	wait_for RabbitMQ 120 port_open 5672
 	command -v promtool >/dev/null 2>&1 || log "promtool is missing: the alert rules' test fails under CI=true and skips otherwise (install Prometheus's promtool)"
 	command -v pgbouncer >/dev/null 2>&1 || log "pgbouncer is missing: the pooler tests fail under CI=true and skip otherwise (install PgBouncer)"
+	command -v chromium >/dev/null 2>&1 || log "chromium is missing: the console's browser tests fail under CI=true and skip otherwise (install Chromium)"
 }
 
 if ! command -v apt-get >/dev/null 2>&1 && command -v docker >/dev/null 2>&1; then
@@ -110,4 +117,5 @@ redis
 rabbitmq
 alert_tools
 pooler_tools
-log "PostgreSQL, Redis and RabbitMQ are up; promtool and pgbouncer are installed"
+browser_tools
+log "PostgreSQL, Redis and RabbitMQ are up; promtool, pgbouncer and chromium are installed"

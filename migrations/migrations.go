@@ -1,7 +1,7 @@
 // Package migrations holds the guard's schema as numbered SQL files and
 // applies the ones a database lacks. It creates only idem's own tables
 // (idem_processed, idem_horizon, idem_shard, idem_stream, idem_outbox and
-// its lanes and pauses, and the idem_migrations ledger), so it can run in a
+// its lanes and pauses, idem_instance, and the idem_migrations ledger), so it can run in a
 // database that holds a service's other tables. Tables are created
 // unqualified, in the first schema of the connection's search_path.
 //

@@ -33,7 +33,7 @@ func TestGuardMigrationsTouchOnlyIdemTables(t *testing.T) {
 		require.NoError(t, rows.Scan(&n))
 		tables = append(tables, n)
 	}
-	require.Equal(t, []string{"account_balances", "idem_horizon", "idem_migrations", "idem_outbox", "idem_outbox_lane", "idem_outbox_pause", "idem_processed", "idem_shard", "idem_stream"}, tables)
+	require.Equal(t, []string{"account_balances", "idem_horizon", "idem_instance", "idem_migrations", "idem_outbox", "idem_outbox_lane", "idem_outbox_pause", "idem_processed", "idem_shard", "idem_stream"}, tables)
 
 	again, err := migrations.Apply(ctx, pool)
 	require.NoError(t, err)

@@ -37,6 +37,7 @@ func Commands() []Command {
 		{"repartition", "change the stream's partition count, once its queues are empty", runRepartition},
 		{"dlq", "list, show, replay or purge dead letters (idem dlq -h)", runDLQ},
 		{"inspect", "show what Redis, the dedup table and the outbox (and the payments ledger, if present) hold for one event", runInspect},
+		{"console", "serve the operator's web console: fleet, dead letters, outbox, one event", runConsole},
 		{"probe", "ask a consumer's /readyz or /healthz (a container healthcheck)", runProbe},
 		{"config", "print every setting with its environment variable and value", runConfig},
 		{"version", "print the version and VCS revision of this binary", runVersion},

@@ -181,8 +181,18 @@ func ServiceConfig(cfg config.Config, dbs Shards, rdb redis.UniversalClient, log
 		Consumer:       cfg.ConsumerConfig(),
 		PruneInterval:  cfg.Postgres.PruneInterval,
 		HistoryWithout: cfg.HistoryWithout(),
+		Heartbeat:      heartbeatEvery(cfg),
 		Logger:         log,
 	}
+}
+
+// heartbeatEvery is the heartbeat setting as idem.Config takes it: the
+// file's 0 turns it off.
+func heartbeatEvery(cfg config.Config) time.Duration {
+	if cfg.Heartbeat <= 0 {
+		return -1
+	}
+	return cfg.Heartbeat
 }
 
 // RedisClient opens the client redis.mode and redis_url describe, or

@@ -281,6 +281,18 @@ var shownHeaders = []string{wire.HeaderReason, wire.HeaderError, wire.HeaderQueu
 	wire.HeaderDeadLetteredAt, wire.HeaderDeadLetterID, wire.HeaderEventID, dlq.HeaderReplays, dlq.HeaderPublishID, "x-delivery-count",
 	wire.HeaderHeadersDropped}
 
+// originalOf reads the dedup row a payload conflict collided with: when
+// the original was processed and its payload hash. pgx.ErrNoRows: none.
+func originalOf(ctx context.Context, cfg config.Config, dbs Shards, m dlq.Message) (time.Time, []byte, error) {
+	var at time.Time
+	var hash []byte
+	// The conflict was found on the shard of the dead letter's key.
+	pool := dbs[partition.Of(m.ShardKey, len(dbs))]
+	err := pool.QueryRow(ctx, `SELECT processed_at, payload_hash FROM idem_processed WHERE scope = $1 AND event_id = $2`,
+		cfg.Scope, m.EventID).Scan(&at, &hash)
+	return at, hash, err
+}
+
 // showConflicts prints, for each payload conflict, the dedup row it
 // collided with: when the original was processed and both hashes.
 func (e *Env) showConflicts(ctx context.Context, cfg config.Config, ms []dlq.Message) error {
@@ -297,12 +309,7 @@ func (e *Env) showConflicts(ctx context.Context, cfg config.Config, ms []dlq.Mes
 			fmt.Fprintf(tw, "%s\t(the dead letter names no event)\t\t%s\n", inert(m.D.MessageId), inert(m.PayloadHash))
 			continue
 		}
-		var at time.Time
-		var hash []byte
-		// The conflict was found on the shard of the dead letter's key.
-		pool := dbs[partition.Of(m.ShardKey, len(dbs))]
-		err = pool.QueryRow(ctx, `SELECT processed_at, payload_hash FROM idem_processed WHERE scope = $1 AND event_id = $2`,
-			cfg.Scope, m.EventID).Scan(&at, &hash)
+		at, hash, err := originalOf(ctx, cfg, dbs, m)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			fmt.Fprintf(tw, "%s\t(no dedup row: pruned?)\t\t%s\n", inert(m.EventID), inert(m.PayloadHash))
@@ -343,44 +350,20 @@ it is never replayed (it stays, and the command exits 1). Say which:
 		return err
 	}
 	defer q.Close()
-	r, err := q.Replayer()
-	if err != nil {
-		return err
-	}
-	defer r.Close()
 	verb := "replayed"
 	if *dry {
 		verb = "would replay"
 	}
-	replayed, kept, truncated := 0, 0, 0
-	_, err = q.Walk(ctx, func(m dlq.Message) (dlq.Verdict, error) {
-		if r.Ours(m) {
-			return dlq.Stop, nil // a replay of this run came back: the snapshot is done
-		}
-		if !f.match(m) {
-			kept++
-			return dlq.Keep, nil
-		}
-		if m.Truncated() {
+	c, err := q.ReplayWhere(ctx, f.match, *dry, func(m dlq.Message, r dlq.Replayed) {
+		if r == dlq.WasCut {
 			// Its body was cut: a replay would publish a truncated event.
-			kept++
-			truncated++
 			fmt.Fprintf(e.Stdout, "not replayed %s (reason %s): it carries the first %d of its %d bytes\n",
 				inert(m.EventID), inert(m.Reason), len(m.D.Body), m.BodyBytes)
-			return dlq.Keep, nil
+			return
 		}
-		if !*dry {
-			if err := r.Replay(ctx, m); err != nil {
-				return dlq.Stop, fmt.Errorf("event %s: %w (it stays in %s)", inert(m.EventID), err, q.DLQ)
-			}
-		}
-		replayed++
 		fmt.Fprintf(e.Stdout, "%s %s (reason %s, replays before: %d)\n", verb, inert(m.EventID), inert(m.Reason), m.Replays)
-		if *dry {
-			return dlq.Keep, nil
-		}
-		return dlq.Remove, nil
 	})
+	replayed, kept, truncated := c.Replayed, c.Kept, c.Cut
 	if err == nil {
 		// A partial walk still says what it did; an empty one with an
 		// unknown reason says why.

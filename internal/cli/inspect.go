@@ -70,10 +70,16 @@ that it looked in the wrong place.`)
 		return err
 	}
 	defer dbs.Close()
+	return inspectEvent(ctx, e, e.Stdout, cfg, dbs, id)
+}
+
+// inspectEvent writes to w what each tier holds for id: idem inspect's
+// output, and the console's event page.
+func inspectEvent(ctx context.Context, e *Env, w io.Writer, cfg config.Config, dbs Shards, id string) error {
 	if err := checkScope(ctx, e, dbs, cfg.Scope, id); err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(e.Stdout, 0, 0, 2, ' ', 0)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	defer tw.Flush()
 	fmt.Fprintf(tw, "event:\t%s (scope %s)\n", id, cfg.Scope)
 	if err := inspectRedis(ctx, tw, cfg, id, dbs); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemhq/idem/internal/config"
+	"github.com/idemhq/idem/internal/heartbeat"
 	"github.com/idemhq/idem/internal/pgsession"
 	"github.com/idemhq/idem/internal/relay"
 	"github.com/idemhq/idem/internal/telemetry"
@@ -90,7 +91,25 @@ dead at once. Add each to outbox.destinations; the rows stay pending.`)
 		defer stop()
 	}
 	log.Info("relaying", "destinations", relay.Names(cfg.RelayConfig().Destinations), "shards", len(dbs))
+	hctx, stopBeat := context.WithCancel(ctx)
+	beating := make(chan struct{})
+	go func() {
+		defer close(beating)
+		if cfg.Heartbeat <= 0 {
+			return
+		}
+		heartbeat.Run(hctx, dbs[0], heartbeat.Instance(*name), cfg.Heartbeat, func(ctx context.Context) heartbeat.Report {
+			ready, body := relay.ReadyLines(ctx, rs)
+			why := ""
+			if !ready {
+				why = strings.TrimSpace(strings.SplitN(body, "\n", 2)[0])
+			}
+			return heartbeat.Report{Kind: "relay", Queue: strings.Join(relay.Names(cfg.RelayConfig().Destinations), ","), Ready: ready, Why: why}
+		}, log)
+	}()
 	relay.RunAll(ctx, rs)
+	stopBeat()
+	<-beating
 	log.Info("stopped")
 	return nil
 }

@@ -4,6 +4,7 @@ package config
 
 import (
 	"fmt"
+	"github.com/idemhq/idem/internal/heartbeat"
 	"net/http"
 	"os"
 	"strings"
@@ -64,6 +65,11 @@ type Config struct {
 	// MetricsAddr, if set, serves Prometheus metrics at /metrics and the
 	// /healthz and /readyz probes on this address.
 	MetricsAddr string `yaml:"metrics_addr"`
+	// Heartbeat is how often each consumer and relay reports itself in
+	// the (first) database's idem_instance table, for idem console: ready
+	// or why not, its kill switch and breaker, its outcome counts. 0
+	// reports nothing. Defaults to 5s.
+	Heartbeat time.Duration `yaml:"heartbeat"`
 
 	// Handler is the reference handler idem consume runs: payments
 	// (PAYMENT_COMPLETED into payments_ledger and account_balances) or
@@ -343,6 +349,7 @@ func Default() Config {
 		Scope:       DefaultScope,
 		LogLevel:    "info",
 		LogFormat:   "text",
+		Heartbeat:   heartbeat.DefaultEvery,
 		Consumer: Consumer{
 			Prefetch:            c.Prefetch,
 			Workers:             c.Workers,

@@ -81,7 +81,7 @@ func flatten(m map[string]any, prefix string, out map[string]any) {
 
 // OtherVariables are IDEM_* variables that are not settings: the crash-point
 // and chaos test hooks. Every other IDEM_* variable must name a setting.
-var OtherVariables = []string{"IDEM_CRASH_AT", "IDEM_CRASH_AFTER", "IDEM_CHAOS_SEED"}
+var OtherVariables = []string{"IDEM_CRASH_AT", "IDEM_CRASH_AFTER", "IDEM_CHAOS_SEED", "IDEM_CONSOLE_TOKEN"}
 
 func applyEnv(c *Config, environ []string) error {
 	vars := map[string]string{}

@@ -583,3 +583,68 @@ func (r *Replayer) Replay(ctx context.Context, m Message) error {
 	}
 	return nil
 }
+
+// Replayed is what ReplayWhere did with one dead letter.
+type Replayed int
+
+const (
+	// WasReplayed: the letter was replayed (or, dry, would be).
+	WasReplayed Replayed = iota
+	// WasCut: the letter matched but carries only the first bytes of its
+	// body (Message.Truncated): it is never replayed, and stays.
+	WasCut
+)
+
+// ReplayCounts counts what ReplayWhere did.
+type ReplayCounts struct {
+	Replayed int // replayed (dry: would be)
+	Kept     int // left in the dead-letter queue: not matched, or cut
+	Cut      int // matched, but cut: refused
+}
+
+// ReplayWhere replays, oldest first, the dead letters present when it
+// starts that match picks, each leaving the dead-letter queue only once the
+// broker confirmed its re-publish (Replay). A letter whose body was cut is
+// refused and stays; a replay of this run that failed again and came back
+// ends the walk. With dry it replays nothing and removes nothing. each, if
+// set, hears of every letter replayed or refused. It is idem dlq replay's
+// walk, and the console's.
+func (q *Queue) ReplayWhere(ctx context.Context, match func(Message) bool, dry bool, each func(Message, Replayed)) (ReplayCounts, error) {
+	var c ReplayCounts
+	r, err := q.Replayer()
+	if err != nil {
+		return c, err
+	}
+	defer r.Close()
+	_, err = q.Walk(ctx, func(m Message) (Verdict, error) {
+		if r.Ours(m) {
+			return Stop, nil // a replay of this run came back: the snapshot is done
+		}
+		if !match(m) {
+			c.Kept++
+			return Keep, nil
+		}
+		if m.Truncated() {
+			c.Kept++
+			c.Cut++
+			if each != nil {
+				each(m, WasCut)
+			}
+			return Keep, nil
+		}
+		if !dry {
+			if err := r.Replay(ctx, m); err != nil {
+				return Stop, fmt.Errorf("event %s: %w (it stays in %s)", m.EventID, err, q.DLQ)
+			}
+		}
+		c.Replayed++
+		if each != nil {
+			each(m, WasReplayed)
+		}
+		if dry {
+			return Keep, nil
+		}
+		return Remove, nil
+	})
+	return c, err
+}

@@ -39,7 +39,7 @@ func TestMigrateUpgradesTheEarlierLayout(t *testing.T) {
 	for _, m := range ran {
 		names = append(names, m.Name)
 	}
-	require.Equal(t, []string{"idem_horizon", "idem_processed_brin", "idem_shard", "idem_horizon_untimed", "idem_stream", "idem_outbox", "idem_outbox_event_at", "idem_outbox_pause", "payments", "receipts"}, names)
+	require.Equal(t, []string{"idem_horizon", "idem_processed_brin", "idem_shard", "idem_horizon_untimed", "idem_stream", "idem_outbox", "idem_outbox_event_at", "idem_outbox_pause", "idem_instance", "payments", "receipts"}, names)
 	var balance int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT balance FROM account_balances WHERE user_id = 'u'`).Scan(&balance))
 	require.Equal(t, int64(42), balance)

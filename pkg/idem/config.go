@@ -101,6 +101,11 @@ type Config struct {
 	// this often, from every shard, as `idem prune` does. Every
 	// instance of a fleet may run it. Zero leaves pruning to `idem prune`.
 	PruneInterval time.Duration
+	// Heartbeat is how often the service reports itself in the first
+	// database's idem_instance table (ready or why not, its kill switch,
+	// its Redis breaker, its outcome counts and rates), for idem console.
+	// Zero is every 5 s; negative reports nothing.
+	Heartbeat time.Duration
 	// Outbox declares where the handler's outbox messages go
 	// (outbox.Enqueue) and tunes the relay Run runs beside the consumer to
 	// publish them, one loop per database, stopped after the drain. With

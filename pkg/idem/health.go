@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemhq/idem/internal/heartbeat"
 	"github.com/idemhq/idem/internal/telemetry"
 )
 
@@ -191,4 +192,28 @@ func runChecks(ctx context.Context, checks []check) (bool, string) {
 		return true, "ready\n" + b.String()
 	}
 	return false, "not ready\n" + b.String()
+}
+
+// report is the service's heartbeat: its /readyz checks, kill switch,
+// Redis breaker and outcome counts.
+func (s *Service[T]) report(ctx context.Context) heartbeat.Report {
+	kind := "consumer"
+	if s.relay != nil {
+		kind = "consumer+relay"
+	}
+	ready, body := runChecks(ctx, s.checks())
+	var why []string
+	if !ready {
+		for _, line := range strings.Split(body, "\n") {
+			if strings.Contains(line, ": failing: ") {
+				why = append(why, line)
+			}
+		}
+	}
+	r := heartbeat.Report{Kind: kind, Scope: s.cfg.Scope, Queue: s.cfg.Consumer.Queue, Ready: ready,
+		Why: strings.Join(why, "\n"), TrippedOn: s.Stats().TrippedOn, Counts: s.outcomes.Snapshot()}
+	if s.fast != nil {
+		r.Breaker = s.fast.BreakerState()
+	}
+	return r
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemhq/idem/internal/clientlog"
+	"github.com/idemhq/idem/internal/heartbeat"
 	"github.com/idemhq/idem/internal/horizon"
 	"github.com/idemhq/idem/internal/layout"
 	"github.com/idemhq/idem/internal/pgerr"
@@ -44,6 +45,8 @@ type Service[T any] struct {
 	ownRDB  bool
 	fast    *redistier.Filter
 	running atomic.Pointer[consumer.Consumer[T]]
+
+	outcomes heartbeat.Counter // every settlement's outcome, for the heartbeat
 
 	relay        *outbox.Relay   // nil: no relay in this service
 	destinations map[string]bool // Config.Outbox's names; nil: Enqueue checks none
@@ -191,14 +194,15 @@ func (s *Service[T]) build(notBefore time.Time, formerPartitions int) (*consumer
 		gcfg.Fast = s.fast
 	}
 	ccfg := s.cfg.Consumer
+	var obs consumer.Observer = counting{&s.outcomes}
+	if ccfg.Observer != nil {
+		obs = observers{obs, ccfg.Observer}
+	}
 	if s.metrics != nil {
 		gcfg.Observer = s.metrics
-		if ccfg.Observer == nil {
-			ccfg.Observer = s.metrics
-		} else {
-			ccfg.Observer = observers{s.metrics, ccfg.Observer}
-		}
+		obs = observers{s.metrics, obs}
 	}
+	ccfg.Observer = obs
 	g, err := guard.New(gcfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("idem: %w", err)
@@ -253,6 +257,11 @@ func (s *Service[T]) Run(ctx context.Context) error {
 	rctx, stopWatching := context.WithCancel(ctx)
 	var watching sync.WaitGroup
 	watching.Go(func() { s.repl.Run(rctx, replication.Every) })
+	if s.cfg.Heartbeat >= 0 {
+		watching.Go(func() {
+			heartbeat.Run(rctx, s.dbs[0], heartbeat.Instance(s.cfg.Consumer.ConnectionName), s.cfg.Heartbeat, s.report, s.log)
+		})
+	}
 	defer func() { stopWatching(); watching.Wait() }()
 	err = c.Run(cctx)
 	if rerr := stopRelay(); rerr != nil && err == nil {
@@ -441,6 +450,14 @@ func (s *Service[T]) Stats() consumer.Stats {
 	}
 	return consumer.Stats{Prefetch: s.cfg.Consumer.Prefetch}
 }
+
+// counting counts each settlement's outcome (by its name) for the
+// heartbeat: one atomic add per delivery.
+type counting struct{ c *heartbeat.Counter }
+
+func (o counting) Settled(_ context.Context, st consumer.Settlement) { o.c.Add(st.Outcome.String(), 1) }
+func (counting) Count(string, int)                                   {}
+func (counting) Gathered(int)                                        {}
 
 // observers tees the consumer's events to the metrics and the caller's
 // own observer.

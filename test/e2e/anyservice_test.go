@@ -146,7 +146,7 @@ func TestMigrateCreatesIdemsTablesOnly(t *testing.T) {
 	require.Contains(t, r.out, "database: applied idem_migrations 0001_idem_processed")
 	require.Contains(t, r.out, "database is up to date: idem_migrations\n")
 	require.Contains(t, r.out, "not applied: payments_migrations")
-	require.Equal(t, []string{"idem_horizon", "idem_migrations", "idem_outbox", "idem_outbox_lane", "idem_outbox_pause", "idem_processed", "idem_shard", "idem_stream"}, tables())
+	require.Equal(t, []string{"idem_horizon", "idem_instance", "idem_migrations", "idem_outbox", "idem_outbox_lane", "idem_outbox_pause", "idem_processed", "idem_shard", "idem_stream"}, tables())
 
 	r = e.run([]string{"DATABASE_URL=" + team, "IDEM_HANDLER=payments"}, "migrate")
 	require.Zero(t, r.code, r.out)
