@@ -52,6 +52,7 @@ every action.`)
 	readOnly := fs.Bool("read-only", false, "refuse every action: a page to look at only")
 	trusted := fs.String("trusted-header", "", "a `header` a reverse proxy sets to the signed-in user (X-Forwarded-User); a request carrying it may act")
 	prom := fs.String("prometheus-url", "", "link the fleet page to this Prometheus `url`")
+	public := fs.String("public-host", "", "the host `names` (comma-separated) the console answers to besides loopback ones: the name a reverse proxy forwards; any other Host is refused (DNS rebinding)")
 	if err := Parse(fs, args); err != nil {
 		return err
 	}
@@ -65,15 +66,26 @@ every action.`)
 		return err
 	}
 	defer dbs.Close()
-	b := &consoleBackend{e: e, cfg: cfg, dbs: dbs}
-	srv, err := console.New(b, console.Options{Token: token, TrustedHeader: *trusted, ReadOnly: *readOnly,
-		PrometheusURL: *prom, Services: fmt.Sprintf("scope %s, queue %s", cfg.Scope, cfg.Queue), Log: log})
-	if err != nil {
-		return err
-	}
+	b := &consoleBackend{e: e, cfg: cfg, dbs: dbs, walking: make(chan struct{}, 1)}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return fmt.Errorf("console: %w", err)
+	}
+	var hosts []string
+	for _, h := range strings.Split(*public, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			hosts = append(hosts, h)
+		}
+	}
+	if host, _, _ := net.SplitHostPort(ln.Addr().String()); !net.ParseIP(host).IsUnspecified() {
+		hosts = append(hosts, host) // the address it was told to listen on
+	}
+	srv, err := console.New(b, console.Options{Token: token, TrustedHeader: *trusted, ReadOnly: *readOnly, Hosts: hosts,
+		PrometheusURL: *prom, Services: fmt.Sprintf("scope %s, queue %s; outbox: every scope", cfg.Scope, cfg.Queue),
+		Mask: e.red.String, Log: log})
+	if err != nil {
+		ln.Close()
+		return err
 	}
 	if host, _, _ := net.SplitHostPort(ln.Addr().String()); !net.ParseIP(host).IsLoopback() && token == "" && *trusted == "" && !*readOnly {
 		log.Warn("the console listens beyond loopback: anyone who reaches it reads the dead letters' bodies; put it behind a proxy that signs operators in", "addr", ln.Addr().String())
@@ -97,9 +109,33 @@ type consoleBackend struct {
 	e   *Env
 	cfg config.Config
 	dbs Shards
-	// dlq serialises the console's walks of the dead-letter queue: each
-	// reads it whole.
-	dlq sync.Mutex
+	// walking serialises the console's walks of the dead-letter queue
+	// (each reads it whole): a slot, taken within the request's time.
+	walking chan struct{}
+	// shown is the last read of the dead-letter page, served again for
+	// dlqFresh: a page reloaded, or by many, walks the queue once.
+	mu      sync.Mutex
+	shown   console.DeadLetters
+	shownAt time.Time
+}
+
+// dlqFresh is how long a read of the dead-letter queue is shown again
+// before the next page load walks it anew; an action walks it at once.
+const dlqFresh = 5 * time.Second
+
+// walk runs fn holding the walking slot, and gives up when ctx ends first.
+func (b *consoleBackend) walk(ctx context.Context, fn func(context.Context) error) error {
+	select {
+	case b.walking <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("another read or action on the dead-letter queue is still running: %w", ctx.Err())
+	}
+	defer func() { <-b.walking }()
+	// The walk ends with the console's bound, not with the browser: a
+	// page closed mid-walk does not cut it short.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), consoleTimeout)
+	defer cancel()
+	return fn(wctx)
 }
 
 // consoleTimeout bounds each page's reads and each action.
@@ -113,6 +149,9 @@ func (b *consoleBackend) Fleet(ctx context.Context) (console.Fleet, error) {
 	rs, now, err := heartbeat.Read(ctx, b.dbs[0])
 	if err != nil {
 		errs = append(errs, dbErr(err))
+	}
+	for i := range rs {
+		rs[i].Why = b.e.red.String(rs[i].Why)
 	}
 	f.Instances, f.Now = rs, now
 	if f.Now.IsZero() {
@@ -175,17 +214,18 @@ func (b *consoleBackend) queues(ctx context.Context) []console.Queue {
 	return out
 }
 
-// letterKey names a dead letter for a selection: its dead-letter ID, else
-// its message ID, else a hash of its body.
+// letterKey names a dead letter for a selection: a hash of what tells two
+// letters apart (message ID, queue, reason, error, when it was
+// dead-lettered, body). Identical letters share it, and are alike to
+// replay; a producer's message ID alone, often reused, never names one.
 func letterKey(m dlq.Message) string {
-	if id, _ := m.D.Headers[wire.HeaderDeadLetterID].(string); id != "" {
-		return "dl:" + id
+	h := sha256.New()
+	for _, part := range []string{m.D.MessageId, m.Queue, m.Reason, m.Error, m.DeadLetteredAt.UTC().Format(time.RFC3339Nano), strconv.FormatInt(m.Replays, 10)} {
+		h.Write([]byte(part))
+		h.Write([]byte{0})
 	}
-	if m.D.MessageId != "" {
-		return "msg:" + m.D.MessageId
-	}
-	h := sha256.Sum256(m.D.Body)
-	return "body:" + hex.EncodeToString(h[:8])
+	h.Write(m.D.Body)
+	return hex.EncodeToString(h.Sum(nil)[:12])
 }
 
 // eventType is a dead letter's event type: its AMQP type, else its body's
@@ -206,7 +246,7 @@ func eventType(m dlq.Message) string {
 // maxBodyShown is how much of a body the page shows.
 const maxBodyShown = 2048
 
-func (b *consoleBackend) letter(m dlq.Message) console.Letter {
+func (b *consoleBackend) letter(ctx context.Context, m dlq.Message) console.Letter {
 	d := m.D
 	l := console.Letter{Key: letterKey(m), EventID: m.EventID, EventIDRead: m.EventIDRead, MessageID: d.MessageId,
 		Error: b.e.red.String(m.Error), Queue: m.Queue, Attempts: m.Attempts, Replays: m.Replays, At: m.DeadLetteredAt,
@@ -226,117 +266,149 @@ func (b *consoleBackend) letter(m dlq.Message) console.Letter {
 		}
 		l.Headers = append(l.Headers, [2]string{k, b.e.red.String(v)})
 	}
+	if m.Reason == wire.ReasonPayloadConflict && m.EventID != "" {
+		// Both hashes, and when the original was processed.
+		switch at, hash, err := originalOf(ctx, b.cfg, b.dbs, m); {
+		case errors.Is(err, pgx.ErrNoRows):
+			l.Original = "no dedup row (pruned?)"
+		case err != nil:
+			l.Original = "unread: " + b.e.red.String(err.Error())
+		default:
+			l.Original = fmt.Sprintf("processed %s, payload hash %x", at.UTC().Format(time.RFC3339Nano), hash)
+		}
+	}
 	return l
 }
 
 func (b *consoleBackend) DeadLetters(ctx context.Context) (console.DeadLetters, error) {
-	ctx, cancel := context.WithTimeout(ctx, consoleTimeout)
-	defer cancel()
-	b.dlq.Lock()
-	defer b.dlq.Unlock()
-	q, err := dlq.Open(ctx, b.cfg.AMQPURL, b.cfg.Topology())
-	if err != nil {
-		return console.DeadLetters{}, amqpURLErr(err)
+	b.mu.Lock()
+	if time.Since(b.shownAt) < dlqFresh {
+		defer b.mu.Unlock()
+		return b.shown, nil
 	}
-	defer q.Close()
-	out := console.DeadLetters{Queue: q.DLQ}
-	groups := map[[2]string]*console.Group{}
-	n, err := q.Walk(ctx, func(m dlq.Message) (dlq.Verdict, error) {
-		k := [2]string{m.Reason, eventType(m)}
-		g := groups[k]
-		if g == nil {
-			g = &console.Group{Reason: k[0], Type: k[1]}
-			groups[k] = g
+	b.mu.Unlock()
+	var out console.DeadLetters
+	err := b.walk(ctx, func(ctx context.Context) error {
+		q, err := dlq.Open(ctx, b.cfg.AMQPURL, b.cfg.Topology())
+		if err != nil {
+			return amqpURLErr(err)
 		}
-		g.Count++
-		if t := m.DeadLetteredAt; !t.IsZero() {
-			if g.Oldest.IsZero() || t.Before(g.Oldest) {
-				g.Oldest = t
+		defer q.Close()
+		out = console.DeadLetters{Queue: q.DLQ}
+		groups := map[[2]string]*console.Group{}
+		var order [][2]string
+		n, err := q.Walk(ctx, func(m dlq.Message) (dlq.Verdict, error) {
+			k := [2]string{m.Reason, eventType(m)}
+			g := groups[k]
+			if g == nil {
+				if len(groups) >= console.MaxGroups {
+					out.Ungrouped++
+					return dlq.Keep, nil
+				}
+				g = &console.Group{Reason: k[0], Type: k[1]}
+				groups[k] = g
+				order = append(order, k)
 			}
-			if t.After(g.Newest) {
-				g.Newest = t
-			}
-		}
-		if len(g.Letters) < console.MaxShown {
-			l := b.letter(m)
-			if m.Reason == wire.ReasonPayloadConflict && m.EventID != "" {
-				// Both hashes, and when the original was processed.
-				switch at, hash, err := originalOf(ctx, b.cfg, b.dbs, m); {
-				case errors.Is(err, pgx.ErrNoRows):
-					l.Original = "no dedup row (pruned?)"
-				case err != nil:
-					l.Original = "unread: " + b.e.red.String(err.Error())
-				default:
-					l.Original = fmt.Sprintf("processed %s, payload hash %x", at.UTC().Format(time.RFC3339Nano), hash)
+			g.Count++
+			if t := m.DeadLetteredAt; !t.IsZero() {
+				if g.Oldest.IsZero() || t.Before(g.Oldest) {
+					g.Oldest = t
+				}
+				if t.After(g.Newest) {
+					g.Newest = t
 				}
 			}
-			g.Letters = append(g.Letters, l)
+			if len(g.Letters) < console.MaxShown {
+				g.Letters = append(g.Letters, b.letter(ctx, m))
+			}
+			return dlq.Keep, nil
+		})
+		out.Total = n
+		for _, k := range order {
+			out.Groups = append(out.Groups, *groups[k])
 		}
-		return dlq.Keep, nil
+		sort.SliceStable(out.Groups, func(i, j int) bool { return out.Groups[i].Count > out.Groups[j].Count })
+		return err
 	})
-	out.Total = n
-	for _, g := range groups {
-		out.Groups = append(out.Groups, *g)
+	if err != nil {
+		return out, err
 	}
-	sort.Slice(out.Groups, func(i, j int) bool {
-		gi, gj := out.Groups[i], out.Groups[j]
-		if gi.Count != gj.Count {
-			return gi.Count > gj.Count
-		}
-		return gi.Reason+gi.Type < gj.Reason+gj.Type
-	})
-	return out, err
+	b.mu.Lock()
+	b.shown, b.shownAt = out, time.Now()
+	b.mu.Unlock()
+	return out, nil
 }
 
-// picks returns whether a dead letter is one sel picks.
+// forget drops the read the page shows again: an action changed the queue.
+func (b *consoleBackend) forget() {
+	b.mu.Lock()
+	b.shownAt = time.Time{}
+	b.mu.Unlock()
+}
+
+// picks returns whether a dead letter is one sel picks: at most sel.Max
+// of them (the letters the page showed), and for a group none
+// dead-lettered after sel.Before. It counts: use it for one walk.
 func picks(sel console.Selection) func(dlq.Message) bool {
+	taken := 0
+	match := func(m dlq.Message) bool {
+		return m.Reason == sel.Reason && eventType(m) == sel.Type &&
+			(sel.Before.IsZero() || !m.DeadLetteredAt.After(sel.Before))
+	}
 	if len(sel.Keys) > 0 {
 		keys := map[string]bool{}
 		for _, k := range sel.Keys {
 			keys[k] = true
 		}
-		return func(m dlq.Message) bool { return keys[letterKey(m)] }
+		match = func(m dlq.Message) bool { return keys[letterKey(m)] }
 	}
-	return func(m dlq.Message) bool { return m.Reason == sel.Reason && eventType(m) == sel.Type }
+	return func(m dlq.Message) bool {
+		if taken >= sel.Max || !match(m) {
+			return false
+		}
+		taken++
+		return true
+	}
 }
 
 func (b *consoleBackend) ReplayLetters(ctx context.Context, sel console.Selection) (console.Result, error) {
-	ctx, cancel := context.WithTimeout(ctx, consoleTimeout)
-	defer cancel()
-	b.dlq.Lock()
-	defer b.dlq.Unlock()
-	q, err := dlq.Open(ctx, b.cfg.AMQPURL, b.cfg.Topology())
-	if err != nil {
-		return console.Result{}, amqpURLErr(err)
-	}
-	defer q.Close()
-	c, err := q.ReplayWhere(ctx, picks(sel), false, nil)
-	res := console.Result{Done: c.Replayed, Refused: c.Cut}
-	if c.Cut > 0 {
-		res.Note = fmt.Sprintf("%d letter(s) of reason %s carry only the first bytes of their body and stay: have their producer send them again within consumer.max_body_bytes, then purge these",
-			c.Cut, wire.ReasonBodyTooLarge)
-	}
+	defer b.forget()
+	var res console.Result
+	err := b.walk(ctx, func(ctx context.Context) error {
+		q, err := dlq.Open(ctx, b.cfg.AMQPURL, b.cfg.Topology())
+		if err != nil {
+			return amqpURLErr(err)
+		}
+		defer q.Close()
+		c, err := q.ReplayWhere(ctx, picks(sel), false, nil)
+		res = console.Result{Done: c.Replayed, Refused: c.Cut}
+		if c.Cut > 0 {
+			res.Note = fmt.Sprintf("%d letter(s) of reason %s carry only the first bytes of their body and stay: have their producer send them again within consumer.max_body_bytes, then purge these",
+				c.Cut, wire.ReasonBodyTooLarge)
+		}
+		return err
+	})
 	return res, err
 }
 
 func (b *consoleBackend) PurgeLetters(ctx context.Context, sel console.Selection) (console.Result, error) {
-	ctx, cancel := context.WithTimeout(ctx, consoleTimeout)
-	defer cancel()
-	b.dlq.Lock()
-	defer b.dlq.Unlock()
-	q, err := dlq.Open(ctx, b.cfg.AMQPURL, b.cfg.Topology())
-	if err != nil {
-		return console.Result{}, amqpURLErr(err)
-	}
-	defer q.Close()
-	match := picks(sel)
+	defer b.forget()
 	var res console.Result
-	_, err = q.Walk(ctx, func(m dlq.Message) (dlq.Verdict, error) {
-		if !match(m) {
-			return dlq.Keep, nil
+	err := b.walk(ctx, func(ctx context.Context) error {
+		q, err := dlq.Open(ctx, b.cfg.AMQPURL, b.cfg.Topology())
+		if err != nil {
+			return amqpURLErr(err)
 		}
-		res.Done++
-		return dlq.Remove, nil
+		defer q.Close()
+		match := picks(sel)
+		_, err = q.Walk(ctx, func(m dlq.Message) (dlq.Verdict, error) {
+			if !match(m) {
+				return dlq.Keep, nil
+			}
+			res.Done++
+			return dlq.Remove, nil
+		})
+		return err
 	})
 	return res, err
 }

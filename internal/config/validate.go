@@ -106,6 +106,9 @@ func (c Config) validateRanges() error {
 	if c.Postgres.PruneInterval != 0 && (c.Postgres.PruneInterval < time.Second || c.Postgres.PruneInterval > 24*time.Hour) {
 		return bad("postgres.prune_interval", "%s is out of range; want 0 (off) or 1s to 1d", c.Postgres.PruneInterval)
 	}
+	if c.Heartbeat != 0 && (c.Heartbeat < 100*time.Millisecond || c.Heartbeat > time.Minute) {
+		return bad("heartbeat", "%s is out of range; want 0 (off) or 100ms to 1m", c.Heartbeat)
+	}
 	ints := []struct {
 		field  string
 		v      int64

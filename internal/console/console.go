@@ -70,7 +70,13 @@ type DeadLetters struct {
 	Queue  string
 	Total  int
 	Groups []Group
+	// Ungrouped counts the letters past MaxGroups groups (their reasons
+	// and types are producers' words: unbounded).
+	Ungrouped int
 }
+
+// MaxGroups is how many groups the page shows.
+const MaxGroups = 100
 
 // Group is the dead letters of one reason and event type.
 type Group struct {
@@ -104,10 +110,15 @@ type Letter struct {
 	Original     string // for a payload conflict: the dedup row it collided with
 }
 
-// Selection picks dead letters: a group (Reason and Type), or Keys.
+// Selection picks dead letters: a group (Reason and Type), or Keys; at
+// most Max of them, and for a group none dead-lettered after Before, so
+// that an action takes no more than the page showed: a letter that arrived
+// since stays.
 type Selection struct {
 	Reason, Type string
 	Keys         []string
+	Max          int
+	Before       time.Time
 }
 
 // Result is what an action did.

@@ -3,6 +3,7 @@ package console
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -53,12 +54,12 @@ func (f *fake) DeadLetters(context.Context) (DeadLetters, error) {
 }
 
 func (f *fake) ReplayLetters(_ context.Context, sel Selection) (Result, error) {
-	f.record("replay " + sel.Reason + "/" + sel.Type + " " + strings.Join(sel.Keys, ","))
+	f.record(fmt.Sprintf("replay %s/%s %s max %d", sel.Reason, sel.Type, strings.Join(sel.Keys, ","), sel.Max))
 	return Result{Done: 1, Refused: 1}, nil
 }
 
 func (f *fake) PurgeLetters(_ context.Context, sel Selection) (Result, error) {
-	f.record("purge " + sel.Reason + "/" + sel.Type + " " + strings.Join(sel.Keys, ","))
+	f.record(fmt.Sprintf("purge %s/%s %s max %d", sel.Reason, sel.Type, strings.Join(sel.Keys, ","), sel.Max))
 	return Result{Done: 2}, nil
 }
 
@@ -97,6 +98,9 @@ func (c *client) get(path string, header ...string) (int, string) {
 	c.t.Helper()
 	req, _ := http.NewRequest("GET", c.base+path, nil)
 	for i := 0; i+1 < len(header); i += 2 {
+		if header[i] == "Host" {
+			req.Host = header[i+1]
+		}
 		req.Header.Set(header[i], header[i+1])
 	}
 	resp, err := c.c.Do(req)
@@ -147,7 +151,7 @@ func TestActionsNeedAnIdentityAndTheFormsToken(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "sign in to act")
 	require.NotContains(t, body, "Replay these", "no action is offered to nobody")
-	group := url.Values{"group": {"1"}, "reason": {"invalid_json"}, "type": {"(none)"}}
+	group := url.Values{"group": {"1"}, "reason": {"invalid_json"}, "type": {"(none)"}, "shown": {"2"}, "newest": {"0"}}
 
 	// Not signed in: refused, even with the token of the form.
 	group.Set("csrf", c.csrf)
@@ -184,9 +188,9 @@ func TestActionsNeedAnIdentityAndTheFormsToken(t *testing.T) {
 	code, loc = c.post("/dlq/replay", group)
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Contains(t, loc, "/dlq?done=")
-	require.Equal(t, []string{"replay invalid_json/(none) "}, f.done())
+	require.Equal(t, []string{"replay invalid_json/(none)  max 2"}, f.done())
 	_, body = c.get(loc)
-	require.Contains(t, body, `dlq replay (reason &#34;invalid_json&#34;, type &#34;(none)&#34;): 1 done, 1 refused`)
+	require.Contains(t, body, `dlq replay (reason &#34;invalid_json&#34;, type &#34;(none)&#34;, the 2 shown): 1 done, 1 refused`)
 	require.Contains(t, logs.String(), `msg="console action" who=token action="dlq replay"`)
 	require.Contains(t, logs.String(), "done=1 refused=1")
 
@@ -203,13 +207,84 @@ func TestActionsNeedAnIdentityAndTheFormsToken(t *testing.T) {
 	code, loc = c.post("/outbox/replay", url.Values{"csrf": {c.csrf}})
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Contains(t, loc, "failed=")
-	require.Equal(t, []string{"replay invalid_json/(none) ", "replay / dl:1", "purge / dl:1,dl:2", "outbox audit "}, f.done())
+	require.Equal(t, []string{"replay invalid_json/(none)  max 2", "replay / dl:1 max 1", "purge / dl:1,dl:2 max 2", "outbox audit "}, f.done())
 
-	// Signed out: refused again.
+	// A group's action without what the page showed is refused: it
+	// would take letters that arrived since.
+	code, loc = c.post("/dlq/purge", url.Values{"csrf": {c.csrf}, "group": {"1"}, "reason": {"x"}, "confirm": {"yes"}})
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Contains(t, loc, "failed=")
+	require.Len(t, f.done(), 4)
+
+	// Signed out: refused again, and a copy of the session's cookie too.
+	u, _ := url.Parse(c.base)
+	var session *http.Cookie
+	for _, k := range c.c.Jar.Cookies(u) {
+		if k.Name == sessionCookie {
+			session = k
+		}
+	}
+	require.NotNil(t, session)
 	code, _ = c.post("/logout", url.Values{"csrf": {c.csrf}})
 	require.Equal(t, http.StatusSeeOther, code)
 	code, _ = c.post("/dlq/replay", group)
 	require.Equal(t, http.StatusForbidden, code)
+	c.c.Jar.SetCookies(u, []*http.Cookie{session})
+	code, _ = c.post("/dlq/replay", group)
+	require.Equal(t, http.StatusForbidden, code, "a signed-out session's cookie, replayed")
+	require.Len(t, f.done(), 4)
+}
+
+// TestAnotherSiteCannotReadOrAct: a Host the console does not answer for
+// (a name re-pointed at it: DNS rebinding) gets no page; an Origin of
+// another site, a null one, a browser's cross-site mark, or a CSRF cookie
+// another site set with a token of its own are refused; a banner is shown
+// only as the console signed it.
+func TestAnotherSiteCannotReadOrAct(t *testing.T) {
+	f, c, _ := newServer(t, Options{TrustedHeader: "X-User", Hosts: []string{"console.example"}})
+	code, _ := c.get("/dlq", "Host", "attacker.example:8089")
+	require.Equal(t, http.StatusMisdirectedRequest, code)
+	code, _ = c.get("/dlq", "Host", "console.example")
+	require.Equal(t, http.StatusOK, code)
+	code, _ = c.get("/login", "Host", "localhost:8089")
+	require.Equal(t, http.StatusOK, code)
+	code, _ = c.get("/dlq", "X-User", "alice")
+	require.Equal(t, http.StatusOK, code)
+	form := url.Values{"csrf": {c.csrf}, "key": {"k"}}
+	for _, h := range [][]string{
+		{"Origin", "https://attacker.example"},
+		{"Origin", "null"},
+		{"Sec-Fetch-Site", "cross-site"},
+	} {
+		code, _ = c.post("/dlq/replay", form, "X-User", "alice", h[0], h[1])
+		require.Equal(t, http.StatusForbidden, code, h)
+	}
+	code, body := c.post("/dlq/replay", form, "X-User", "alice", "Origin", "https://console.example")
+	require.Equal(t, http.StatusSeeOther, code, "the proxy's name is this console's origin: %s", body)
+	require.Len(t, f.done(), 1)
+
+	// A tossed cookie: a value of the attacker's, and the same value as
+	// the form's token.
+	u, _ := url.Parse(c.base)
+	tossed := strings.Repeat("ab", 32)
+	c.c.Jar.SetCookies(u, []*http.Cookie{{Name: csrfCookie, Value: tossed, Path: "/"}})
+	code, _ = c.post("/dlq/replay", url.Values{"csrf": {tossed}, "key": {"k"}}, "X-User", "alice")
+	require.Equal(t, http.StatusForbidden, code)
+	// Two values of the trusted header (a proxy that appends): nobody.
+	req, _ := http.NewRequest("POST", c.base+"/dlq/replay", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Add("X-User", "mallory")
+	req.Header.Add("X-User", "alice")
+	resp, err := c.c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusForbidden, resp.StatusCode)
+	require.Len(t, f.done(), 1)
+
+	_, body = c.get("/dlq?done=" + url.QueryEscape("session expired: sign in at https://evil.example"))
+	require.NotContains(t, body, "evil.example")
+	_, body = c.get("/dlq?done=x&sig=" + strings.Repeat("0", 64))
+	require.NotContains(t, body, `id="flash"`)
 }
 
 // TestATrustedHeaderActsAsItsUser: behind a proxy, the header names who
@@ -263,6 +338,8 @@ func TestPagesAreInert(t *testing.T) {
 	resp.Body.Close()
 	require.Contains(t, resp.Header.Get("Content-Security-Policy"), "default-src 'none'")
 	require.Equal(t, "nosniff", resp.Header.Get("X-Content-Type-Options"))
+	// Not no-referrer: a browser would send the forms with "Origin: null".
+	require.Equal(t, "same-origin", resp.Header.Get("Referrer-Policy"))
 	_, body := c.get("/dlq")
 	require.NotContains(t, body, "<script>")
 	require.Contains(t, body, "&lt;script&gt;alert(1)&lt;/script&gt;")

@@ -11,9 +11,12 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idemhq/idem/internal/heartbeat"
@@ -41,6 +44,16 @@ type Options struct {
 	// Services names what the console looks at (scope, queue, database
 	// host), shown in the page's header.
 	Services string
+	// Hosts are the host names (without port) the console answers to
+	// besides loopback ones (localhost, 127.0.0.1, ::1): the name a
+	// reverse proxy forwards, or the address it listens on beyond
+	// loopback. A request for any other Host is refused, so that a web
+	// page whose name was re-pointed at the console (DNS rebinding)
+	// cannot read it; an action's Origin must name one of them too.
+	Hosts []string
+	// Mask hides secrets in the texts the page shows (errors); nil shows
+	// them as they are.
+	Mask func(string) string
 	// Log receives each action: who, what, and how many.
 	Log *slog.Logger
 }
@@ -50,8 +63,11 @@ type Server struct {
 	b      Backend
 	o      Options
 	pages  map[string]*template.Template
-	secret []byte // signs sessions; new each start, so a restart signs everyone out
+	secret []byte // signs sessions, CSRF tokens and flashes; new each start, so a restart signs everyone out
 	mux    *http.ServeMux
+
+	mu      sync.Mutex
+	revoked map[string]time.Time // signed-out sessions' nonces, until they expire
 }
 
 // sessionTTL is how long a login lasts.
@@ -62,7 +78,11 @@ func New(b Backend, o Options) (*Server, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	s := &Server{b: b, o: o, pages: map[string]*template.Template{}, secret: make([]byte, 32), mux: http.NewServeMux()}
+	if o.Mask == nil {
+		o.Mask = func(s string) string { return s }
+	}
+	s := &Server{b: b, o: o, pages: map[string]*template.Template{}, secret: make([]byte, 32), mux: http.NewServeMux(),
+		revoked: map[string]time.Time{}}
 	if _, err := rand.Read(s.secret); err != nil {
 		return nil, err
 	}
@@ -92,12 +112,43 @@ func New(b Backend, o Options) (*Server, error) {
 }
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if host := hostOf(r.Host); !s.allowedHost(host) {
+		http.Error(w, fmt.Sprintf("this console does not answer for host %q (start it with --public-host %s if that is its name)", host, host), http.StatusMisdirectedRequest)
+		return
+	}
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Referrer-Policy", "no-referrer")
+	// same-origin, not no-referrer: under no-referrer a browser sends
+	// "Origin: null" with the page's own forms, which checkPost refuses.
+	h.Set("Referrer-Policy", "same-origin")
 	h.Set("Cache-Control", "no-store")
 	s.mux.ServeHTTP(w, r)
+}
+
+// hostOf is a Host header's or an origin's host name, without its port.
+func hostOf(hostport string) string {
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		return strings.ToLower(h)
+	}
+	return strings.ToLower(strings.Trim(hostport, "[]"))
+}
+
+// allowedHost reports whether the console answers for host: a loopback
+// name, or one of Options.Hosts.
+func (s *Server) allowedHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return true
+	}
+	for _, h := range s.o.Hosts {
+		if strings.EqualFold(h, host) {
+			return true
+		}
+	}
+	return false
 }
 
 var funcs = template.FuncMap{
@@ -128,6 +179,12 @@ var funcs = template.FuncMap{
 	},
 	"count": func(m map[string]int64, k string) int64 { return m[k] },
 	"lines": func(s string) []string { return strings.Split(s, "\n") },
+	"nanos": func(t time.Time) int64 {
+		if t.IsZero() {
+			return 0
+		}
+		return t.UnixNano()
+	},
 }
 
 func roundAge(d time.Duration) string {
@@ -158,14 +215,20 @@ type page struct {
 
 func (s *Server) render(w http.ResponseWriter, r *http.Request, name, title string, data any, fail error) {
 	p := page{Title: title, Nav: name, Services: s.o.Services, Prometheus: s.o.PrometheusURL, Now: time.Now(), Data: data,
-		Flash: r.URL.Query().Get("done"), CSRF: s.csrf(w, r)}
+		CSRF: s.csrf(w, r)}
 	p.Who = s.who(r)
 	p.CanAct, p.ActNote = s.canAct(p.Who)
-	if fail != nil {
-		p.Fail = fail.Error()
+	// A flash is shown only as this console signed it: a link cannot put
+	// words of its own in the page's banners.
+	q := r.URL.Query()
+	if sig := q.Get("sig"); sig != "" {
+		done, failed := q.Get("done"), q.Get("failed")
+		if hmac.Equal([]byte(sig), []byte(s.sign("flash", done+"\x00"+failed))) {
+			p.Flash, p.Fail = done, failed
+		}
 	}
-	if e := r.URL.Query().Get("failed"); e != "" && p.Fail == "" {
-		p.Fail = e
+	if fail != nil {
+		p.Fail = s.o.Mask(fail.Error())
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := s.pages[name].Execute(w, p); err != nil {
@@ -190,8 +253,14 @@ func (s *Server) canAct(who string) (bool, string) {
 // valid session; empty for nobody.
 func (s *Server) who(r *http.Request) string {
 	if h := s.o.TrustedHeader; h != "" {
-		if u := strings.TrimSpace(r.Header.Get(h)); u != "" {
-			return u
+		// One value, set by the proxy: a client's own copy beside the
+		// proxy's (a proxy that appends) names nobody.
+		if vs := r.Header.Values(h); len(vs) == 1 {
+			if u := strings.TrimSpace(vs[0]); u != "" {
+				return u
+			}
+		} else if len(vs) > 1 {
+			return ""
 		}
 	}
 	if s.o.Token == "" {
@@ -201,15 +270,33 @@ func (s *Server) who(r *http.Request) string {
 	if err != nil {
 		return ""
 	}
-	exp, mac, ok := strings.Cut(c.Value, ".")
-	if !ok || !hmac.Equal([]byte(mac), []byte(s.sign("session", exp))) {
+	exp, nonce, ok := s.session(c.Value)
+	if !ok || time.Now().After(exp) {
 		return ""
 	}
-	t, err := time.Parse(time.RFC3339, exp)
-	if err != nil || time.Now().After(t) {
+	s.mu.Lock()
+	_, out := s.revoked[nonce]
+	s.mu.Unlock()
+	if out {
 		return ""
 	}
 	return "token"
+}
+
+// session reads a session cookie's value: exp.nonce.mac.
+func (s *Server) session(v string) (exp time.Time, nonce string, ok bool) {
+	parts := strings.Split(v, ".")
+	if len(parts) != 3 || !hmac.Equal([]byte(parts[2]), []byte(s.sign("session", parts[0]+"."+parts[1]))) {
+		return exp, "", false
+	}
+	exp, err := time.Parse(time.RFC3339, parts[0])
+	return exp, parts[1], err == nil
+}
+
+// secure says whether the browser reached the console over TLS (itself,
+// or a proxy in front that says so): then cookies are Secure.
+func secure(r *http.Request) bool {
+	return r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https"
 }
 
 const (
@@ -223,31 +310,35 @@ func (s *Server) sign(kind, v string) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-// csrf returns the request's CSRF token, setting the cookie that carries it
-// if the browser has none (double submit: a form's token must match its
-// cookie, which another site can neither read nor set).
+// csrf returns the request's CSRF token, setting the cookie it is derived
+// from if the browser has none: the form's token is the cookie's value
+// signed with the console's secret, so a cookie another site manages to
+// set (a sibling subdomain) comes with no token that matches it.
 func (s *Server) csrf(w http.ResponseWriter, r *http.Request) string {
 	if c, err := r.Cookie(csrfCookie); err == nil && len(c.Value) == 64 {
-		return c.Value
+		return s.sign("csrf", c.Value)
 	}
 	b := make([]byte, 32)
 	_, _ = rand.Read(b)
 	v := hex.EncodeToString(b)
-	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: v, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
-	return v
+	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: v, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: secure(r)})
+	return s.sign("csrf", v)
 }
 
 // checkPost refuses a state-changing request without the form's CSRF token
 // matching its cookie, or from another origin.
 func (s *Server) checkPost(r *http.Request) error {
-	if o := r.Header.Get("Origin"); o != "" && o != "null" {
+	if o := r.Header.Get("Origin"); o != "" {
 		u, err := url.Parse(o)
-		if err != nil || u.Host != r.Host {
+		if err != nil || o == "null" || !s.allowedHost(hostOf(u.Host)) {
 			return fmt.Errorf("refused: the request comes from another origin (%s)", o)
 		}
 	}
+	if r.Header.Get("Sec-Fetch-Site") == "cross-site" {
+		return fmt.Errorf("refused: the browser says the request comes from another site")
+	}
 	c, err := r.Cookie(csrfCookie)
-	if err != nil || c.Value == "" || subtle.ConstantTimeCompare([]byte(c.Value), []byte(r.PostFormValue("csrf"))) != 1 {
+	if err != nil || c.Value == "" || subtle.ConstantTimeCompare([]byte(s.sign("csrf", c.Value)), []byte(r.PostFormValue("csrf"))) != 1 {
 		return fmt.Errorf("refused: the form's CSRF token is missing or stale; reload the page and try again")
 	}
 	return nil
@@ -269,8 +360,9 @@ func (s *Server) act(what string, do func(r *http.Request) (back string, res Res
 		}
 		back, res, detail, err := do(r)
 		if err != nil {
-			s.o.Log.Warn("console action failed", "who", who, "action", what, "selection", detail, "done", res.Done, "err", err)
-			http.Redirect(w, r, back+"?"+url.Values{"failed": {fmt.Sprintf("%s (%s): %d done before it failed: %v", what, detail, res.Done, err)}}.Encode(), http.StatusSeeOther)
+			msg := s.o.Mask(fmt.Sprintf("%s (%s): %d done before it failed: %v", what, detail, res.Done, err))
+			s.o.Log.Warn("console action failed", "who", who, "action", what, "selection", detail, "done", res.Done, "err", s.o.Mask(err.Error()))
+			http.Redirect(w, r, s.flash(back, "", msg), http.StatusSeeOther)
 			return
 		}
 		s.o.Log.Info("console action", "who", who, "action", what, "selection", detail, "done", res.Done, "refused", res.Refused)
@@ -281,8 +373,13 @@ func (s *Server) act(what string, do func(r *http.Request) (back string, res Res
 		if res.Note != "" {
 			msg += ". " + res.Note
 		}
-		http.Redirect(w, r, back+"?"+url.Values{"done": {msg}}.Encode(), http.StatusSeeOther)
+		http.Redirect(w, r, s.flash(back, s.o.Mask(msg), ""), http.StatusSeeOther)
 	}
+}
+
+// flash is the URL of page back with a banner this console signed.
+func (s *Server) flash(back, done, failed string) string {
+	return back + "?" + url.Values{"done": {done}, "failed": {failed}, "sig": {s.sign("flash", done+"\x00"+failed)}}.Encode()
 }
 
 func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
@@ -326,11 +423,25 @@ func selection(r *http.Request) (Selection, string, error) {
 		if sel.Reason == "" {
 			return sel, "", fmt.Errorf("a group without its reason")
 		}
-		return sel, fmt.Sprintf("reason %q, type %q", sel.Reason, sel.Type), nil
+		// What the page showed: no more letters, and none newer.
+		n, err := strconv.Atoi(r.PostFormValue("shown"))
+		if err != nil || n < 1 {
+			return sel, "", fmt.Errorf("a group without the count the page showed")
+		}
+		newest, err := strconv.ParseInt(r.PostFormValue("newest"), 10, 64)
+		if err != nil {
+			return sel, "", fmt.Errorf("a group without the newest letter the page showed")
+		}
+		sel.Max = n
+		if newest > 0 {
+			sel.Before = time.Unix(0, newest)
+		}
+		return sel, fmt.Sprintf("reason %q, type %q, the %d shown", sel.Reason, sel.Type, n), nil
 	}
 	if len(sel.Keys) == 0 {
 		return sel, "", fmt.Errorf("nothing selected: tick dead letters, or use a group's button")
 	}
+	sel.Max = len(sel.Keys)
 	return sel, fmt.Sprintf("%d selected", len(sel.Keys)), nil
 }
 
@@ -381,12 +492,14 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.o.Token == "" || subtle.ConstantTimeCompare([]byte(r.PostFormValue("token")), []byte(s.o.Token)) != 1 {
 		s.o.Log.Warn("console: sign-in refused", "remote", r.RemoteAddr)
-		http.Redirect(w, r, "/login?"+url.Values{"failed": {"wrong token"}}.Encode(), http.StatusSeeOther)
+		http.Redirect(w, r, s.flash("/login", "", "wrong token"), http.StatusSeeOther)
 		return
 	}
-	exp := time.Now().Add(sessionTTL).UTC().Format(time.RFC3339)
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: exp + "." + s.sign("session", exp), Path: "/",
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int(sessionTTL.Seconds())})
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	v := time.Now().Add(sessionTTL).UTC().Format(time.RFC3339) + "." + hex.EncodeToString(b)
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: v + "." + s.sign("session", v), Path: "/",
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: secure(r), MaxAge: int(sessionTTL.Seconds())})
 	s.o.Log.Info("console: signed in", "remote", r.RemoteAddr)
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
@@ -396,6 +509,21 @@ func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusForbidden)
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	// The session ends here, not only in this browser: a copy of its
+	// cookie is refused too.
+	if c, err := r.Cookie(sessionCookie); err == nil {
+		if exp, nonce, ok := s.session(c.Value); ok {
+			s.mu.Lock()
+			now := time.Now()
+			for n, e := range s.revoked {
+				if now.After(e) {
+					delete(s.revoked, n)
+				}
+			}
+			s.revoked[nonce] = exp
+			s.mu.Unlock()
+		}
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: secure(r)})
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }

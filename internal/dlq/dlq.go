@@ -340,7 +340,12 @@ func (q *Queue) Walk(ctx context.Context, visit func(Message) (Verdict, error)) 
 		return 0, fmt.Errorf("dlq: publish the walk's fence: %w", err)
 	}
 	keep := func(d amqp.Delivery) error {
-		if err := p.send(ctx, q.DLQ, copyOf(d), keptOnCut(d)); err != nil {
+		// The letter in hand is finished whatever happens to ctx: a
+		// re-publish cancelled before its confirm would leave the copy in
+		// the queue and hand the original back, a duplicate letter.
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), inFlightBound)
+		defer cancel()
+		if err := p.send(kctx, q.DLQ, copyOf(d), keptOnCut(d)); err != nil {
 			return fmt.Errorf("dlq: keep %q: %w (it stays in %s)", d.MessageId, err, q.DLQ)
 		}
 		if err := d.Ack(false); err != nil {
@@ -401,6 +406,10 @@ func (q *Queue) Walk(ctx context.Context, visit func(Message) (Verdict, error)) 
 		}
 	}
 }
+
+// inFlightBound bounds the re-publish of the letter a walk holds, which
+// goes on when the walk's context ends (see Walk's keep).
+const inFlightBound = 30 * time.Second
 
 // keptOnCut says which of d's headers a walk keeps when it must cut them
 // to re-publish d within the broker's frame_max (dead-lettering can grow a
@@ -633,7 +642,12 @@ func (q *Queue) ReplayWhere(ctx context.Context, match func(Message) bool, dry b
 			return Keep, nil
 		}
 		if !dry {
-			if err := r.Replay(ctx, m); err != nil {
+			// As Walk's keep: the letter in hand is finished whatever
+			// happens to ctx, so that a replay is not also kept.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), inFlightBound)
+			err := r.Replay(rctx, m)
+			cancel()
+			if err != nil {
 				return Stop, fmt.Errorf("event %s: %w (it stays in %s)", m.EventID, err, q.DLQ)
 			}
 		}

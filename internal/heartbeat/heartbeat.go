@@ -3,13 +3,15 @@
 // without Prometheus: every few seconds each process upserts its row of
 // idem_instance (migrations 0011) with whether it is ready and why not, its
 // kill switch, its Redis breaker, and its outcome counts and rates. A
-// report that fails is logged at debug level and never touches the work;
+// report that fails is logged once (then again once it works) and never
+// touches the work;
 // a process that stops cleanly deletes its row, one that dies leaves it to
 // go stale, and the console says for how long it has been silent.
 package heartbeat
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -54,11 +56,20 @@ func (r Report) Silent(now time.Time) time.Duration {
 	return 0
 }
 
-// Instance names this process: name@host:pid.
+// Instance names one reporter of this process: name@host:pid and a random
+// suffix, so that two services of one process, or two containers whose
+// processes are all pid 1, never share a row.
 func Instance(name string) string {
 	host, _ := os.Hostname()
-	return fmt.Sprintf("%s@%s:%d", name, host, os.Getpid())
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%s@%s:%d/%x", name, host, os.Getpid(), b)
 }
+
+// Forgotten is how long a silent row is kept: a process killed, or whose
+// host vanished, never deletes its own. Each reporter deletes such rows
+// when it starts.
+const Forgotten = 24 * time.Hour
 
 // Version is this binary's module version and VCS revision, as far as the
 // build recorded them.
@@ -126,6 +137,11 @@ func Run(ctx context.Context, db DB, instance string, every time.Duration, state
 		every = DefaultEvery
 	}
 	started := time.Now()
+	{
+		dctx, cancel := context.WithTimeout(ctx, every)
+		_, _ = db.Exec(dctx, `DELETE FROM idem_instance WHERE seen_at < now() - $1 * interval '1 millisecond'`, Forgotten.Milliseconds())
+		cancel()
+	}
 	var last map[string]int64
 	var lastAt time.Time
 	failing := false
@@ -147,7 +163,12 @@ func Run(ctx context.Context, db DB, instance string, every time.Duration, state
 		err := write(wctx, db, r)
 		cancel()
 		if err != nil && ctx.Err() == nil && !failing {
-			log.Debug("heartbeat: report not written", "err", err)
+			// Once, until a write succeeds again: the fleet page misses
+			// this process meanwhile (no grant, no idem_instance).
+			log.Warn("heartbeat: this process's report for idem console is not written", "err", err)
+		}
+		if err == nil && failing {
+			log.Info("heartbeat: reports written again")
 		}
 		failing = err != nil
 		select {

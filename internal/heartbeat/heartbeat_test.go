@@ -19,6 +19,12 @@ import (
 func TestAProcessReportsItselfAndGoesWhenItStops(t *testing.T) {
 	t.Parallel()
 	pool, _ := testenv.Schema(t)
+	require.NotEqual(t, heartbeat.Instance("c0"), heartbeat.Instance("c0"), "two services of one process")
+	// A process killed a day and more ago left its row: the next reporter
+	// to start deletes it.
+	_, err := pool.Exec(context.Background(), `INSERT INTO idem_instance VALUES ('dead@h:1/000000', 'consumer', 'pay', 'q', 'v',
+		now() - interval '3 days', now() - interval '2 days', 5000, true, '', '', '', '{}', '{}')`)
+	require.NoError(t, err)
 	var c heartbeat.Counter
 	var tripped atomic.Value
 	tripped.Store("")
@@ -44,7 +50,7 @@ func TestAProcessReportsItselfAndGoesWhenItStops(t *testing.T) {
 		return err == nil && len(rs) == 1
 	}, 10*time.Second, 20*time.Millisecond)
 	r := read()
-	require.Regexp(t, `^c0@.+:\d+$`, r.Instance)
+	require.Regexp(t, `^c0@.+:\d+/[0-9a-f]{6}$`, r.Instance)
 	require.True(t, r.Ready)
 	require.Equal(t, 200*time.Millisecond, r.Every)
 
@@ -63,7 +69,8 @@ func TestAProcessReportsItselfAndGoesWhenItStops(t *testing.T) {
 	require.Eventually(t, func() bool { r = read(); return r.Rates["processed"] == 0 }, 10*time.Second, 20*time.Millisecond)
 	seen := r.SeenAt
 	require.Eventually(t, func() bool { return read().SeenAt.After(seen) }, 10*time.Second, 20*time.Millisecond, "refreshed")
-	_, now, err := heartbeat.Read(context.Background(), pool)
+	var now time.Time
+	_, now, err = heartbeat.Read(context.Background(), pool)
 	require.NoError(t, err)
 	require.Zero(t, r.Silent(now), "on time")
 	require.Positive(t, r.Silent(now.Add(time.Minute)), "a minute later, silent")
@@ -72,5 +79,5 @@ func TestAProcessReportsItselfAndGoesWhenItStops(t *testing.T) {
 	<-done
 	rs, _, err := heartbeat.Read(context.Background(), pool)
 	require.NoError(t, err)
-	require.Empty(t, rs, "a clean stop deletes the row")
+	require.Empty(t, rs, "a clean stop deletes the row, and the forgotten one went at the start")
 }

@@ -104,7 +104,7 @@ type Config struct {
 	// Heartbeat is how often the service reports itself in the first
 	// database's idem_instance table (ready or why not, its kill switch,
 	// its Redis breaker, its outcome counts and rates), for idem console.
-	// Zero is every 5 s; negative reports nothing.
+	// Zero is every 5 s; negative reports nothing; else 100ms to 1m.
 	Heartbeat time.Duration
 	// Outbox declares where the handler's outbox messages go
 	// (outbox.Enqueue) and tunes the relay Run runs beside the consumer to
@@ -158,6 +158,8 @@ func (c *Config) validate() error {
 		return bad("Consumer.Retention %s must exceed Consumer.ClockSkew %s", c.Consumer.Retention, c.Consumer.ClockSkew)
 	case c.PruneInterval < 0 || (c.PruneInterval > 0 && c.PruneInterval < minPruneInterval):
 		return bad("PruneInterval %s: want 0 (off) or at least %s", c.PruneInterval, minPruneInterval)
+	case c.Heartbeat > 0 && (c.Heartbeat < 100*time.Millisecond || c.Heartbeat > time.Minute):
+		return bad("Heartbeat %s: want 0 (every 5s), negative (off), or 100ms to 1m", c.Heartbeat)
 	case len(c.Outbox.Databases) > 0:
 		return bad("Outbox.Databases: leave it empty; the relay runs on the service's databases")
 	}

@@ -201,7 +201,15 @@ func (s *Service[T]) report(ctx context.Context) heartbeat.Report {
 	if s.relay != nil {
 		kind = "consumer+relay"
 	}
-	ready, body := runChecks(ctx, s.checks())
+	// The required checks only: the others (a backlog count, replication)
+	// are /readyz's, and need not run every heartbeat.
+	var required []check
+	for _, c := range s.checks() {
+		if c.required {
+			required = append(required, c)
+		}
+	}
+	ready, body := runChecks(ctx, required)
 	var why []string
 	if !ready {
 		for _, line := range strings.Split(body, "\n") {
