@@ -123,8 +123,9 @@ type consoleBackend struct {
 // before the next page load walks it anew; an action walks it at once.
 const dlqFresh = 5 * time.Second
 
-// walk runs fn holding the walking slot, and gives up when ctx ends first.
-func (b *consoleBackend) walk(ctx context.Context, fn func(context.Context) error) error {
+// walk runs fn on the dead-letter queue holding the walking slot, and
+// gives up when ctx ends first.
+func (b *consoleBackend) walk(ctx context.Context, fn func(context.Context, *dlq.Queue) error) error {
 	select {
 	case b.walking <- struct{}{}:
 	case <-ctx.Done():
@@ -135,7 +136,12 @@ func (b *consoleBackend) walk(ctx context.Context, fn func(context.Context) erro
 	// page closed mid-walk does not cut it short.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), consoleTimeout)
 	defer cancel()
-	return fn(wctx)
+	q, err := dlq.Open(wctx, b.cfg.AMQPURL, b.cfg.Topology())
+	if err != nil {
+		return amqpURLErr(err)
+	}
+	defer q.Close()
+	return fn(wctx, q)
 }
 
 // consoleTimeout bounds each page's reads and each action.
@@ -288,12 +294,7 @@ func (b *consoleBackend) DeadLetters(ctx context.Context) (console.DeadLetters, 
 	}
 	b.mu.Unlock()
 	var out console.DeadLetters
-	err := b.walk(ctx, func(ctx context.Context) error {
-		q, err := dlq.Open(ctx, b.cfg.AMQPURL, b.cfg.Topology())
-		if err != nil {
-			return amqpURLErr(err)
-		}
-		defer q.Close()
+	err := b.walk(ctx, func(ctx context.Context, q *dlq.Queue) error {
 		out = console.DeadLetters{Queue: q.DLQ}
 		groups := map[[2]string]*console.Group{}
 		var order [][2]string
@@ -310,14 +311,7 @@ func (b *consoleBackend) DeadLetters(ctx context.Context) (console.DeadLetters, 
 				order = append(order, k)
 			}
 			g.Count++
-			if t := m.DeadLetteredAt; !t.IsZero() {
-				if g.Oldest.IsZero() || t.Before(g.Oldest) {
-					g.Oldest = t
-				}
-				if t.After(g.Newest) {
-					g.Newest = t
-				}
-			}
+			widen(&g.Oldest, &g.Newest, m.DeadLetteredAt)
 			if len(g.Letters) < console.MaxShown {
 				g.Letters = append(g.Letters, b.letter(ctx, m))
 			}
@@ -374,12 +368,7 @@ func picks(sel console.Selection) func(dlq.Message) bool {
 func (b *consoleBackend) ReplayLetters(ctx context.Context, sel console.Selection) (console.Result, error) {
 	defer b.forget()
 	var res console.Result
-	err := b.walk(ctx, func(ctx context.Context) error {
-		q, err := dlq.Open(ctx, b.cfg.AMQPURL, b.cfg.Topology())
-		if err != nil {
-			return amqpURLErr(err)
-		}
-		defer q.Close()
+	err := b.walk(ctx, func(ctx context.Context, q *dlq.Queue) error {
 		c, err := q.ReplayWhere(ctx, picks(sel), false, nil)
 		res = console.Result{Done: c.Replayed, Refused: c.Cut}
 		if c.Cut > 0 {
@@ -394,14 +383,9 @@ func (b *consoleBackend) ReplayLetters(ctx context.Context, sel console.Selectio
 func (b *consoleBackend) PurgeLetters(ctx context.Context, sel console.Selection) (console.Result, error) {
 	defer b.forget()
 	var res console.Result
-	err := b.walk(ctx, func(ctx context.Context) error {
-		q, err := dlq.Open(ctx, b.cfg.AMQPURL, b.cfg.Topology())
-		if err != nil {
-			return amqpURLErr(err)
-		}
-		defer q.Close()
+	err := b.walk(ctx, func(ctx context.Context, q *dlq.Queue) error {
 		match := picks(sel)
-		_, err = q.Walk(ctx, func(m dlq.Message) (dlq.Verdict, error) {
+		_, err := q.Walk(ctx, func(m dlq.Message) (dlq.Verdict, error) {
 			if !match(m) {
 				return dlq.Keep, nil
 			}

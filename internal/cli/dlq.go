@@ -133,14 +133,7 @@ func runDLQList(ctx context.Context, e *Env, args []string) error {
 			groups[m.Reason] = g
 		}
 		g.n++
-		if t := m.DeadLetteredAt; !t.IsZero() {
-			if g.oldest.IsZero() || t.Before(g.oldest) {
-				g.oldest = t
-			}
-			if t.After(g.newest) {
-				g.newest = t
-			}
-		}
+		widen(&g.oldest, &g.newest, m.DeadLetteredAt)
 		return dlq.Keep, nil
 	})
 	if err != nil {
@@ -160,6 +153,19 @@ func runDLQList(ctx context.Context, e *Env, args []string) error {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t\n", inert(r), g.n, age(now, g.oldest), age(now, g.newest))
 	}
 	return tw.Flush()
+}
+
+// widen stretches the span oldest..newest to take in t, when t is known.
+func widen(oldest, newest *time.Time, t time.Time) {
+	if t.IsZero() {
+		return
+	}
+	if oldest.IsZero() || t.Before(*oldest) {
+		*oldest = t
+	}
+	if t.After(*newest) {
+		*newest = t
+	}
 }
 
 // age prints how long ago t was, rounded for reading; "?" if unknown.
