@@ -51,10 +51,25 @@ every action.`)
 	addr := fs.String("addr", "127.0.0.1:8089", "listen on `host:port`; keep it on loopback unless a proxy guards it")
 	readOnly := fs.Bool("read-only", false, "refuse every action: a page to look at only")
 	trusted := fs.String("trusted-header", "", "a `header` a reverse proxy sets to the signed-in user (X-Forwarded-User); a request carrying it may act")
+	proxies := fs.String("trusted-proxy", "", "the `networks` (CIDR, comma-separated) --trusted-header is believed from; empty: any address that reaches the console")
 	prom := fs.String("prometheus-url", "", "link the fleet page to this Prometheus `url`")
 	public := fs.String("public-host", "", "the host `names` (comma-separated) the console answers to besides loopback ones: the name a reverse proxy forwards; any other Host is refused (DNS rebinding)")
 	if err := Parse(fs, args); err != nil {
 		return err
+	}
+	var nets []*net.IPNet
+	for _, c := range strings.Split(*proxies, ",") {
+		if c = strings.TrimSpace(c); c == "" {
+			continue
+		}
+		_, n, err := net.ParseCIDR(c)
+		if err != nil {
+			return UsageErr(e, "idem console: --trusted-proxy %q: want a CIDR such as 10.0.0.0/8 or 127.0.0.1/32", c)
+		}
+		nets = append(nets, n)
+	}
+	if len(nets) > 0 && *trusted == "" {
+		return UsageErr(e, "idem console: --trusted-proxy without --trusted-header names no header to believe")
 	}
 	token := e.Getenv("IDEM_CONSOLE_TOKEN")
 	if token != "" && len(token) < 16 {
@@ -80,7 +95,7 @@ every action.`)
 	if host, _, _ := net.SplitHostPort(ln.Addr().String()); !net.ParseIP(host).IsUnspecified() {
 		hosts = append(hosts, host) // the address it was told to listen on
 	}
-	srv, err := console.New(b, console.Options{Token: token, TrustedHeader: *trusted, ReadOnly: *readOnly, Hosts: hosts,
+	srv, err := console.New(b, console.Options{Token: token, TrustedHeader: *trusted, TrustedProxies: nets, ReadOnly: *readOnly, Hosts: hosts,
 		PrometheusURL: *prom, Services: fmt.Sprintf("scope %s, queue %s; outbox: every scope", cfg.Scope, cfg.Queue),
 		Mask: e.red.String, Log: log})
 	if err != nil {
@@ -117,7 +132,15 @@ type consoleBackend struct {
 	mu      sync.Mutex
 	shown   console.DeadLetters
 	shownAt time.Time
+	// queued is the last read of the queues' depths, for queuesFresh:
+	// each open fleet page reloads every 5 s.
+	queued   []console.Queue
+	queuesAt time.Time
 }
+
+// queuesFresh is how long the queues' depths are shown again before the
+// next fleet page reads them anew.
+const queuesFresh = 3 * time.Second
 
 // dlqFresh is how long a read of the dead-letter queue is shown again
 // before the next page load walks it anew; an action walks it at once.
@@ -168,7 +191,15 @@ func (b *consoleBackend) Fleet(ctx context.Context) (console.Fleet, error) {
 		errs = append(errs, err)
 	}
 	f.Paused = ps
-	f.Queues = b.queues(ctx)
+	b.mu.Lock()
+	if time.Since(b.queuesAt) >= queuesFresh {
+		b.mu.Unlock()
+		qs := b.queues(ctx)
+		b.mu.Lock()
+		b.queued, b.queuesAt = qs, time.Now()
+	}
+	f.Queues = b.queued
+	b.mu.Unlock()
 	return f, errors.Join(errs...)
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -300,6 +301,23 @@ func TestATrustedHeaderActsAsItsUser(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Equal(t, []string{"outbox  7"}, f.done())
 	require.Contains(t, logs.String(), "who=alice action=\"outbox replay\"")
+}
+
+// TestATrustedHeaderFromAnotherAddressIsNobody: with TrustedProxies, the
+// header is believed only from the proxy's network.
+func TestATrustedHeaderFromAnotherAddressIsNobody(t *testing.T) {
+	_, proxy, _ := net.ParseCIDR("10.0.0.0/8")
+	f, c, _ := newServer(t, Options{TrustedHeader: "X-User", TrustedProxies: []*net.IPNet{proxy}})
+	_, body := c.get("/outbox", "X-User", "alice")
+	require.NotContains(t, body, "alice", "the test's client is 127.0.0.1, not the proxy")
+	c.get("/login")
+	code, _ := c.post("/outbox/replay", url.Values{"csrf": {c.csrf}, "id": {"7"}}, "X-User", "alice")
+	require.Equal(t, http.StatusForbidden, code)
+	require.Empty(t, f.done())
+	_, local, _ := net.ParseCIDR("127.0.0.0/8")
+	_, c, _ = newServer(t, Options{TrustedHeader: "X-User", TrustedProxies: []*net.IPNet{local}})
+	_, body = c.get("/outbox", "X-User", "alice")
+	require.Contains(t, body, `acting as <b id="who">alice</b>`)
 }
 
 // TestReadOnlyRefusesEveryAction, whoever asks, and offers none.

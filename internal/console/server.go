@@ -37,6 +37,10 @@ type Options struct {
 	// request carrying it may act, as that user. Only behind a proxy that
 	// sets it on every request and strips it from clients'.
 	TrustedHeader string
+	// TrustedProxies, if set, are the networks the trusted header is
+	// believed from: a request from any other address carrying it acts as
+	// nobody.
+	TrustedProxies []*net.IPNet
 	// ReadOnly refuses every action, whoever asks.
 	ReadOnly bool
 	// PrometheusURL, if set, is linked from the fleet page.
@@ -252,7 +256,7 @@ func (s *Server) canAct(who string) (bool, string) {
 // who is who the request acts as: the trusted header's user, "token" for a
 // valid session; empty for nobody.
 func (s *Server) who(r *http.Request) string {
-	if h := s.o.TrustedHeader; h != "" {
+	if h := s.o.TrustedHeader; h != "" && s.fromProxy(r) {
 		// One value, set by the proxy: a client's own copy beside the
 		// proxy's (a proxy that appends) names nobody.
 		if vs := r.Header.Values(h); len(vs) == 1 {
@@ -281,6 +285,25 @@ func (s *Server) who(r *http.Request) string {
 		return ""
 	}
 	return "token"
+}
+
+// fromProxy reports whether r comes from a trusted proxy's address (any
+// address when none is configured).
+func (s *Server) fromProxy(r *http.Request) bool {
+	if len(s.o.TrustedProxies) == 0 {
+		return true
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	ip := net.ParseIP(host)
+	if err != nil || ip == nil {
+		return false
+	}
+	for _, n := range s.o.TrustedProxies {
+		if n.Contains(ip) {
+			return true
+		}
+	}
+	return false
 }
 
 // session reads a session cookie's value: exp.nonce.mac.
