@@ -136,7 +136,7 @@ func Run(ctx context.Context, db DB, instance string, every time.Duration, state
 	if every <= 0 {
 		every = DefaultEvery
 	}
-	started := time.Now()
+	started, version := time.Now(), Version() // the build's, read once
 	{
 		dctx, cancel := context.WithTimeout(ctx, every)
 		_, _ = db.Exec(dctx, `DELETE FROM idem_instance WHERE seen_at < now() - $1 * interval '1 millisecond'`, Forgotten.Milliseconds())
@@ -149,7 +149,7 @@ func Run(ctx context.Context, db DB, instance string, every time.Duration, state
 	defer t.Stop()
 	for {
 		r := state(ctx)
-		r.Instance, r.Version, r.StartedAt, r.Every = instance, Version(), started, every
+		r.Instance, r.Version, r.StartedAt, r.Every = instance, version, started, every
 		now := time.Now()
 		r.Rates = map[string]float64{}
 		if last != nil {
