@@ -164,6 +164,7 @@ type run struct {
 	appName   string
 	fleet     *consumers
 	hop       *consumers // the receipts consumers of a two-hop run
+	steps     []string   // the crash points the run arms
 	api       *api       // the second hop's HTTP destination
 	inspect   *sandbox.Inspector
 
@@ -207,6 +208,7 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 		slots += r.hopSize()
 		steps = append(steps, step.Relay...)
 	}
+	r.steps = steps
 	plan := Plan(o.Seed, o.Duration, slots, o.Faults, steps)
 	r.logf("run %s: %d consumers, %d events + %.0f%% re-sends at %.0f msg/s for %s, %d faults planned, files in %s",
 		r.id, slots, distinct, o.DupRatio*100, o.Rate, o.Duration, len(plan), o.Dir)

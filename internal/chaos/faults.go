@@ -51,6 +51,7 @@ func (r *run) inject(ctx context.Context, plan []Planned) {
 					return
 				case <-time.After(time.Until(r.t0.Add(p.At))):
 				}
+				p = r.retarget(p)
 				f := Fault{Kind: p.Kind, Start: r.since()}
 				detail, err := r.apply(ctx, p)
 				f.End, f.Detail = r.since(), detail
@@ -67,6 +68,56 @@ func (r *run) inject(ctx context.Context, plan []Planned) {
 		})
 	}
 	wg.Wait()
+}
+
+// retarget spends a consumer fault on a crash point the run has not seen
+// yet: the plan arms each step once, but an armed consumer short of CPU, or
+// waiting out an outage, may not reach its step before the stream ends. A
+// crash point whose step already fired, or is armed on a consumer that
+// still runs, takes a missing step instead; so does a plain kill, once one
+// plain kill was injected. The substitute dies on its first pass: it is
+// armed late in the stream.
+func (r *run) retarget(p Planned) Planned {
+	if !p.Kind.consumerFault() {
+		return p
+	}
+	seen := map[string]bool{}
+	for _, fl := range []*consumers{r.fleet, r.hop} {
+		if fl == nil {
+			continue
+		}
+		for _, c := range fl.crashRecords() {
+			seen[c.Step] = true
+		}
+		for _, s := range fl.armedSteps() {
+			seen[s] = true
+		}
+	}
+	var missing string
+	for _, s := range r.steps {
+		if !seen[s] {
+			missing = s
+			break
+		}
+	}
+	if missing == "" {
+		return p
+	}
+	switch p.Kind {
+	case CrashPoint:
+		if !seen[p.Step] {
+			return p
+		}
+	case ConsumerKill:
+		r.mu.Lock()
+		killed := slices.ContainsFunc(r.faults, func(f Fault) bool { return f.Kind == ConsumerKill })
+		r.mu.Unlock()
+		if !killed {
+			return p
+		}
+	}
+	p.Kind, p.Step, p.After = CrashPoint, missing, 1
+	return p
 }
 
 // apply injects one fault and, for a fault with a duration, ends it.

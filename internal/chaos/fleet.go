@@ -23,6 +23,7 @@ type consumers struct {
 	mu      sync.Mutex
 	crashes []CrashRecord
 	armed   map[int]string // slot -> name of the armed consumer started there
+	armedAt map[int]string // slot -> the step it is armed at
 }
 
 // CrashRecord is one consumer that died of its armed crash point.
@@ -34,7 +35,7 @@ type CrashRecord struct {
 
 // startConsumers starts o.Consumers consumers; env gives a slot's env.
 func startConsumers(o Options, prefix string, env func(slot int) []string, t0 time.Time) (*consumers, error) {
-	c := &consumers{prefix: prefix, t0: t0, size: o.Consumers, armed: map[int]string{}}
+	c := &consumers{prefix: prefix, t0: t0, size: o.Consumers, armed: map[int]string{}, armedAt: map[int]string{}}
 	var args []string
 	if o.ConfigPath != "" {
 		args = []string{"--config", o.ConfigPath}
@@ -64,9 +65,29 @@ func (c *consumers) arm(slot int, step string, after int) (string, error) {
 	slot = c.target(slot)
 	name, err := c.Replace(slot, []string{crashpoint.EnvAt + "=" + step, crashpoint.EnvAfter + "=" + strconv.Itoa(after)})
 	c.mu.Lock()
-	c.armed[slot] = name
+	c.armed[slot], c.armedAt[slot] = name, step
 	c.mu.Unlock()
 	return name, err
+}
+
+// armedSteps returns the steps of the armed consumers that still run,
+// short of their step.
+func (c *consumers) armedSteps() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var steps []string
+	for s, name := range c.armed {
+		p := c.Current(s)
+		if p == nil || p.Name != name {
+			continue
+		}
+		select {
+		case <-p.Done():
+		default:
+			steps = append(steps, c.armedAt[s])
+		}
+	}
+	return steps
 }
 
 // kill SIGKILLs a consumer, slot's unless target moves it.

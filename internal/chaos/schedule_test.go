@@ -249,3 +249,28 @@ func TestEveryKindHasAColour(t *testing.T) {
 		require.NotEmpty(t, kindColor[k], k)
 	}
 }
+
+// TestACrashPointNotSeenYetTakesTheTurnOfOneSeen: the plan arms each step
+// once; when a step has fired already, or a consumer armed at it still
+// runs, its turn goes to a step that has not fired; so does a plain kill's,
+// once one plain kill was injected. Nothing changes once every step fired.
+func TestACrashPointNotSeenYetTakesTheTurnOfOneSeen(t *testing.T) {
+	steps := []string{"a", "b", "c"}
+	r := &run{steps: steps, fleet: &consumers{armed: map[int]string{}, armedAt: map[int]string{}}}
+	r.fleet.crashes = []CrashRecord{{Step: "a"}}
+
+	require.Equal(t, Planned{Kind: CrashPoint, Step: "c", After: 7}, r.retarget(Planned{Kind: CrashPoint, Step: "c", After: 7}),
+		"a step not seen keeps its turn")
+	require.Equal(t, Planned{Kind: CrashPoint, Step: "b", After: 1}, r.retarget(Planned{Kind: CrashPoint, Step: "a", After: 7}),
+		"a step seen gives its turn to the first not seen")
+	require.Equal(t, Planned{Kind: ConsumerKill, Slot: 2}, r.retarget(Planned{Kind: ConsumerKill, Slot: 2}),
+		"the first plain kill stays a kill")
+	r.faults = []Fault{{Kind: ConsumerKill}}
+	require.Equal(t, Planned{Kind: CrashPoint, Slot: 2, Step: "b", After: 1}, r.retarget(Planned{Kind: ConsumerKill, Slot: 2}),
+		"a later plain kill arms a step not seen")
+	require.Equal(t, Planned{Kind: RedisKill}, r.retarget(Planned{Kind: RedisKill}), "other kinds are left alone")
+
+	r.fleet.crashes = append(r.fleet.crashes, CrashRecord{Step: "b"}, CrashRecord{Step: "c"})
+	require.Equal(t, Planned{Kind: ConsumerKill}, r.retarget(Planned{Kind: ConsumerKill}), "every step fired")
+	require.Equal(t, Planned{Kind: CrashPoint, Step: "a", After: 3}, r.retarget(Planned{Kind: CrashPoint, Step: "a", After: 3}))
+}

@@ -56,8 +56,20 @@ func TestAMissingTableTripsTheKillSwitchAndDeadLettersNothing(t *testing.T) {
 		return n
 	}
 	afterTrip := handedBack()
-	require.Eventually(t, func() bool { return handedBack() >= afterTrip+4 }, 30*time.Second, 10*time.Millisecond,
-		"the probes did not fail and hand back")
+	// The probes hand their event back unspent: wait until one was handed
+	// back on a delivery past DeliveryLimit (a spent attempt would have
+	// dead-lettered it there).
+	pastLimit := func() string {
+		for _, st := range r.settlements() {
+			if st.Outcome == guard.OutcomeRetry && st.Reason == wire.RequeueKillSwitch && st.Attempt > deliveryLimit {
+				return st.EventID
+			}
+		}
+		return ""
+	}
+	require.Eventually(t, func() bool { return handedBack() >= afterTrip+4 && pastLimit() != "" }, 30*time.Second, 10*time.Millisecond,
+		"the probes did not fail and hand back past DeliveryLimit")
+	probed := pastLimit()
 	require.Equal(t, int64(1), r.stats[wire.CounterKillSwitchTrips].Load(), "a failed probe is not a new trip")
 	require.NotEmpty(t, r.consumerStats().Tripped)
 	require.Zero(t, r.stats[guard.OutcomeDeadLettered.String()].Load(), "dead-lettered while the deploy was broken")
@@ -71,15 +83,16 @@ func TestAMissingTableTripsTheKillSwitchAndDeadLettersNothing(t *testing.T) {
 	require.Zero(t, r.stats[guard.OutcomeDeadLettered.String()].Load())
 	require.Zero(t, testenv.QueueDepth(t, testenv.AMQPURL(), r.queue+".dlq"), "dead letters")
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQPURL(), r.queue) == 0 }, 10*time.Second, 10*time.Millisecond)
-	// The attempts the hand-backs cost were never spent: an event went
-	// past DeliveryLimit deliveries, and was processed, not dead-lettered.
-	most := 0
+	// The attempts the hand-backs cost were never spent: the event handed
+	// back past DeliveryLimit deliveries was processed, not dead-lettered.
+	processed := 0
 	for _, st := range r.settlements() {
-		if st.Outcome == guard.OutcomeProcessed {
-			most = max(most, st.Attempt)
+		if st.EventID == probed && st.Outcome == guard.OutcomeProcessed {
+			processed++
+			require.Greater(t, st.Attempt, deliveryLimit)
 		}
 	}
-	require.Greater(t, most, deliveryLimit, "no event was handed back past DeliveryLimit")
+	require.Equal(t, 1, processed, "the event handed back past DeliveryLimit was not processed once")
 }
 
 // TestPoisonAmongGoodEventsIsDeadLetteredWithoutATrip: more bad events than
