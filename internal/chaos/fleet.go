@@ -22,9 +22,11 @@ type consumers struct {
 
 	mu      sync.Mutex
 	crashes []CrashRecord
-	armed   map[int]string // slot -> name of the armed consumer started there
-	armedAt map[int]string // slot -> the step it is armed at
+	armed   map[int]armed // slot -> the armed consumer started there
 }
+
+// armed is a consumer started to SIGKILL itself at step.
+type armed struct{ name, step string }
 
 // CrashRecord is one consumer that died of its armed crash point.
 type CrashRecord struct {
@@ -35,7 +37,7 @@ type CrashRecord struct {
 
 // startConsumers starts o.Consumers consumers; env gives a slot's env.
 func startConsumers(o Options, prefix string, env func(slot int) []string, t0 time.Time) (*consumers, error) {
-	c := &consumers{prefix: prefix, t0: t0, size: o.Consumers, armed: map[int]string{}, armedAt: map[int]string{}}
+	c := &consumers{prefix: prefix, t0: t0, size: o.Consumers, armed: map[int]armed{}}
 	var args []string
 	if o.ConfigPath != "" {
 		args = []string{"--config", o.ConfigPath}
@@ -65,7 +67,7 @@ func (c *consumers) arm(slot int, step string, after int) (string, error) {
 	slot = c.target(slot)
 	name, err := c.Replace(slot, []string{crashpoint.EnvAt + "=" + step, crashpoint.EnvAfter + "=" + strconv.Itoa(after)})
 	c.mu.Lock()
-	c.armed[slot], c.armedAt[slot] = name, step
+	c.armed[slot] = armed{name, step}
 	c.mu.Unlock()
 	return name, err
 }
@@ -76,18 +78,27 @@ func (c *consumers) armedSteps() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var steps []string
-	for s, name := range c.armed {
-		p := c.Current(s)
-		if p == nil || p.Name != name {
-			continue
-		}
-		select {
-		case <-p.Done():
-		default:
-			steps = append(steps, c.armedAt[s])
+	for s, a := range c.armed {
+		if c.waiting(s) {
+			steps = append(steps, a.step)
 		}
 	}
 	return steps
+}
+
+// waiting reports whether slot runs its armed consumer, which has not
+// reached its step yet. Callers hold c.mu.
+func (c *consumers) waiting(slot int) bool {
+	p := c.Current(slot)
+	if p == nil || p.Name != c.armed[slot].name {
+		return false
+	}
+	select {
+	case <-p.Done():
+		return false
+	default:
+		return true
+	}
 }
 
 // kill SIGKILLs a consumer, slot's unless target moves it.
@@ -101,15 +112,8 @@ func (c *consumers) target(slot int) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i := range c.size {
-		s := (slot + i) % c.size
-		p := c.Current(s)
-		if p == nil || p.Name != c.armed[s] {
+		if s := (slot + i) % c.size; !c.waiting(s) {
 			return s
-		}
-		select {
-		case <-p.Done():
-			return s
-		default:
 		}
 	}
 	return slot

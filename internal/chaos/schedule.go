@@ -51,7 +51,7 @@ const (
 // Describe says what each kind does, for --help.
 var Describe = map[Kind]string{
 	ConsumerKill:   "SIGKILL a random consumer; a supervisor restarts it",
-	CrashPoint:     "restart a consumer armed to SIGKILL itself at a named step (all six in turn)",
+	CrashPoint:     "restart a consumer armed to SIGKILL itself at a named step (every step in turn)",
 	RedisKill:      "SIGKILL the run's redis-server (every key lost), restart it seconds later",
 	RedisPause:     "CLIENT PAUSE ALL: Redis answers nothing for up to 3s",
 	RedisSlow:      "DEBUG SLEEP in a loop: Redis answers 20-200ms late for seconds",

@@ -256,7 +256,7 @@ func TestEveryKindHasAColour(t *testing.T) {
 // once one plain kill was injected. Nothing changes once every step fired.
 func TestACrashPointNotSeenYetTakesTheTurnOfOneSeen(t *testing.T) {
 	steps := []string{"a", "b", "c"}
-	r := &run{steps: steps, fleet: &consumers{armed: map[int]string{}, armedAt: map[int]string{}}}
+	r := &run{steps: steps, fleet: &consumers{armed: map[int]armed{}}}
 	r.fleet.crashes = []CrashRecord{{Step: "a"}}
 
 	require.Equal(t, Planned{Kind: CrashPoint, Step: "c", After: 7}, r.retarget(Planned{Kind: CrashPoint, Step: "c", After: 7}),
