@@ -128,18 +128,31 @@ func (r *run) failover(ctx context.Context, p Planned) (string, error) {
 		return "", err
 	}
 	cut := time.Now()
+	// What the primary had when the standby was cut off: a payment not in
+	// it was committed after, and the standby lacks it.
+	var before commits
+	if f.async {
+		var err error
+		if before, err = readCommits(ctx, pair.Primary.URL(), false); err != nil {
+			return "", err
+		}
+	}
 	select {
 	case <-ctx.Done():
 	case <-time.After(p.For):
 	}
 	if f.async {
 		// The window must be real: the primary lives on until it has
-		// committed what its standby will lack, as an asynchronous
-		// primary does when it dies mid-stream (the fleet may be starting,
-		// or idle between bursts), for up to asyncWindowMax more, while
-		// the stream lasts.
+		// committed what its standby will lack, and answered at least one
+		// of those commits success (its done marker is in Redis), as an
+		// asynchronous primary does when it dies mid-stream (the fleet may
+		// be starting, idle between bursts, or slow to mark on a busy
+		// machine), for up to asyncWindowMax more, while the stream lasts.
 		for deadline := time.Now().Add(asyncWindowMax); ctx.Err() == nil && time.Now().Before(deadline) && !r.published.Load(); time.Sleep(50 * time.Millisecond) {
-			if n, err := ledgerRows(ctx, pair.Primary.URL()); err == nil && n >= base+asyncWindowRows {
+			if n, err := ledgerRows(ctx, pair.Primary.URL()); err != nil || n < base+asyncWindowRows {
+				continue
+			}
+			if r.markedSince(ctx, pair.Primary.URL(), before) {
 				break
 			}
 		}
@@ -211,6 +224,28 @@ const (
 	asyncWindowRows = 10
 	asyncWindowMax  = 10 * time.Second
 )
+
+// markedSince reports whether a payment committed at url since before has
+// its done marker in Redis. Without Redis there is no marker to wait for.
+func (r *run) markedSince(ctx context.Context, url string, before commits) bool {
+	if r.redis == nil {
+		return true
+	}
+	now, err := readCommits(ctx, url, false)
+	if err != nil {
+		return false
+	}
+	marked, err := r.doneMarkers(ctx)
+	if err != nil {
+		return false
+	}
+	for id := range now.payments {
+		if !before.payments[id] && marked[id] {
+			return true
+		}
+	}
+	return false
+}
 
 // ledgerRows counts the ledger rows at url, directly.
 func ledgerRows(ctx context.Context, url string) (int64, error) {

@@ -168,7 +168,9 @@ func TestChaosSyncStandbyCI(t *testing.T) {
 // TestChaosAsyncStandbyCI runs `idem-lab chaos --async-standby` with
 // pg-failover alone: the run's Postgres fails over to an asynchronous
 // standby that was cut off for at least half a second while the fleet
-// streamed, so the failover loses commits the fleet had acked. The verdict
+// streamed, and until a commit since had its done marker (a run beside
+// test/e2e once saw none marked in time), so the failover loses commits
+// the fleet had acked. The verdict
 // passes only if every payment missing was one a failover undid (named),
 // and the re-send applied exactly those, once; every receipt missing was
 // recorded by it, and nothing is doubled.
