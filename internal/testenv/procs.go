@@ -2,10 +2,13 @@ package testenv
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -46,13 +49,31 @@ func BuildBinaries(race bool) (Binaries, error) {
 	return b, nil
 }
 
+// waitingParallel is how many parallel tests a MainWithBinaries package
+// runs at once by default.
+const waitingParallel = 4
+
 // Remove removes the binaries.
 func (b Binaries) Remove() { os.RemoveAll(b.dir) }
 
 // MainWithBinaries is the TestMain of a package whose tests run idem's
 // binaries: it builds them (BuildBinaries), sets idem and lab to their
 // paths, runs the tests, removes the binaries and exits.
+//
+// Unless -parallel is given, the package runs waitingParallel parallel
+// tests at once rather than GOMAXPROCS: its tests mostly wait on the
+// processes they start, and test/e2e alone at two at a time left a
+// two-core machine idle 40% of its run.
 func MainWithBinaries(m *testing.M, race bool, idem, lab *string) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		if err := flag.Set("test.parallel", strconv.Itoa(max(waitingParallel, runtime.GOMAXPROCS(0)))); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
 	bins, err := BuildBinaries(race)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
