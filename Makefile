@@ -9,8 +9,13 @@ demo: services build
 	./bin/idem-lab demo
 
 ## test: start the local services, then run every test (unit, Postgres, Redis, RabbitMQ, crash and chaos) with -race
+## The longest packages are named first, so they start first (go test runs
+## packages in the order given; ./... then adds every other package once):
+## test/chaos's cluster runs, which need the machine to themselves, beside
+## pkg/idem, whose tests mostly wait, and test/e2e once they are over.
+LONG_TESTS := ./test/chaos ./pkg/idem ./pkg/consumer ./test/e2e
 test: services
-	$(GO) test -race -count=1 -timeout 15m ./...
+	$(GO) test -race -count=1 -timeout 15m $(LONG_TESTS) ./...
 
 ## services: make sure PostgreSQL, Redis and RabbitMQ run locally
 services:

@@ -58,9 +58,10 @@ func runChaos(t *testing.T, args ...string) (chaos.Result, string) {
 // from test/e2e's tests, which wait while it runs (testenv.Exclusive):
 // beside TestFleetOnClusters or test/e2e's fleets on two cores, no consumer
 // of the killed node was seen to reconnect, or no breaker to open. It and
-// TestChaosCI are the package's first tests, so that go test runs them
-// beside the last of the other packages (pkg/idem, whose tests mostly
-// wait) rather than beside test/e2e, which starts after those.
+// TestChaosCI are the package's first tests, and `make test` names
+// test/chaos and pkg/idem first, so that they run beside pkg/idem (whose
+// tests mostly wait) rather than beside test/e2e, which starts after
+// pkg/idem and pkg/consumer.
 func TestChaosClusterCI(t *testing.T) {
 	testenv.Exclusive(t)
 	res, dir := runChaos(t, "--cluster", "--duration", "40s", "--rate", "150", "--consumers", "3",
