@@ -32,7 +32,7 @@ import (
 // $CONSOLE_SHOTS when set (make console-shots: docs/console).
 func TestTheConsoleShowsWhatIsWrongAndFixesIt(t *testing.T) {
 	t.Parallel()
-	browser := testenv.Browser(t)
+	browser := startBrowser(t)
 	e := newEnv(t, "", "")
 	ctx := context.Background()
 	e.vars = append(e.vars, "IDEM_CONSUMER_DELIVERY_LIMIT=2", "IDEM_CONSUMER_MAX_BODY_BYTES=1024", "IDEM_HEARTBEAT=300ms",

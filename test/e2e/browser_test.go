@@ -1,4 +1,4 @@
-package testenv
+package e2e
 
 import (
 	"context"
@@ -9,11 +9,11 @@ import (
 	"github.com/chromedp/chromedp"
 )
 
-// Browser starts a headless Chromium of the test's own (Debian's chromium,
+// startBrowser starts a headless Chromium of the test's own (Debian's chromium,
 // which .ci/services.sh installs) and returns a chromedp context for one
 // tab; it ends with the test. Without chromium the test skips, or fails
 // under CI.
-func Browser(t testing.TB) context.Context {
+func startBrowser(t testing.TB) context.Context {
 	t.Helper()
 	path := ""
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
@@ -26,7 +26,7 @@ func Browser(t testing.TB) context.Context {
 		if os.Getenv("CI") == "" {
 			t.Skip("chromium is not installed (.ci/services.sh installs it)")
 		}
-		t.Fatal("testenv: chromium is not installed (.ci/services.sh installs it)")
+		t.Fatal("e2e: chromium is not installed (.ci/services.sh installs it)")
 	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path),
@@ -42,7 +42,7 @@ func Browser(t testing.TB) context.Context {
 	if err := chromedp.Do(ctx); err != nil {
 		cancel()
 		cancelAlloc()
-		t.Fatalf("testenv: start chromium: %v", err)
+		t.Fatalf("e2e: start chromium: %v", err)
 	}
 	t.Cleanup(func() { cancel(); cancelAlloc() })
 	return ctx
