@@ -117,13 +117,6 @@ func (r *run) failover(ctx context.Context, p Planned) (string, error) {
 	f := r.fo
 	pair := f.pair
 	at := r.since()
-	var base int64
-	if f.async {
-		var err error
-		if base, err = ledgerRows(ctx, pair.Primary.URL()); err != nil {
-			return "", err
-		}
-	}
 	if err := pair.CutReplication(); err != nil {
 		return "", err
 	}
@@ -149,10 +142,7 @@ func (r *run) failover(ctx context.Context, p Planned) (string, error) {
 		// be starting, idle between bursts, or slow to mark on a busy
 		// machine), for up to asyncWindowMax more, while the stream lasts.
 		for deadline := time.Now().Add(asyncWindowMax); ctx.Err() == nil && time.Now().Before(deadline) && !r.published.Load(); time.Sleep(50 * time.Millisecond) {
-			if n, err := ledgerRows(ctx, pair.Primary.URL()); err != nil || n < base+asyncWindowRows {
-				continue
-			}
-			if r.markedSince(ctx, pair.Primary.URL(), before) {
+			if r.windowReal(ctx, pair.Primary.URL(), before) {
 				break
 			}
 		}
@@ -218,47 +208,39 @@ func (r *run) failover(ctx context.Context, p Planned) (string, error) {
 }
 
 // An asynchronous primary cut off from its standby lives on until it has
-// committed asyncWindowRows more ledger rows, for up to asyncWindowMax
-// past the fault's duration, unless the stream was all published.
+// committed asyncWindowRows ledger rows since the cut and answered one of
+// them success, for up to asyncWindowMax past the fault's duration, unless
+// the stream was all published.
 const (
 	asyncWindowRows = 10
 	asyncWindowMax  = 10 * time.Second
 )
 
-// markedSince reports whether a payment committed at url since before has
-// its done marker in Redis. Without Redis there is no marker to wait for.
-func (r *run) markedSince(ctx context.Context, url string, before commits) bool {
-	if r.redis == nil {
-		return true
-	}
+// windowReal reports whether the primary at url has committed
+// asyncWindowRows payments since before, and, with Redis, answered one of
+// them success (its done marker is there).
+func (r *run) windowReal(ctx context.Context, url string, before commits) bool {
 	now, err := readCommits(ctx, url, false)
 	if err != nil {
 		return false
+	}
+	var since []string
+	for id := range now.payments {
+		if !before.payments[id] {
+			since = append(since, id)
+		}
+	}
+	if len(since) < asyncWindowRows {
+		return false
+	}
+	if r.redis == nil {
+		return true
 	}
 	marked, err := r.doneMarkers(ctx)
 	if err != nil {
 		return false
 	}
-	for id := range now.payments {
-		if !before.payments[id] && marked[id] {
-			return true
-		}
-	}
-	return false
-}
-
-// ledgerRows counts the ledger rows at url, directly.
-func ledgerRows(ctx context.Context, url string) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Close(ctx)
-	var n int64
-	err = conn.QueryRow(ctx, `SELECT count(*) FROM payments_ledger`).Scan(&n)
-	return n, err
+	return slices.ContainsFunc(since, func(id string) bool { return marked[id] })
 }
 
 // commits are the payments in a database's ledger and the payments its
