@@ -241,6 +241,7 @@ type runResult struct {
 	Missing     int
 	P50, P99    float64 // latency, ms (latency row)
 	BytesPerKey float64 // Redis memory per done key
+	StartupMs   float64 // from "go" to the consumer's registration
 	Outcomes    map[string]int64
 }
 
@@ -304,14 +305,28 @@ func (b *bencher) runRow(ctx context.Context, row Row, bin string, run int) (run
 	// one mid-run and each writes the same full-page images.
 	b.checkpoint(ctx)
 	waitQuiet(10 * time.Second)
+	watch, err := watchConsumers(b.o.AMQPURL, topo.Queue)
+	if err != nil {
+		return runResult{}, err
+	}
+	defer watch.close()
+	began := time.Now()
+	if err := workers.start(); err != nil {
+		return runResult{}, err
+	}
+	// Throughput and CPU are the consuming's: they are measured from the
+	// moment a consumer is on the queue, after the worker's start-up (its
+	// connections and checks), which is a fixed cost a short run would
+	// otherwise spread over its messages. The start-up gets its own figure.
+	if err := watch.wait(ctx, time.Minute); err != nil {
+		return runResult{}, err
+	}
 	before, err := sampleCPU(workers.pids())
 	if err != nil {
 		return runResult{}, err
 	}
 	start := time.Now()
-	if err := workers.start(); err != nil {
-		return runResult{}, err
-	}
+	startup := start.Sub(began)
 	pubErr := make(chan error, 1)
 	if row.Latency {
 		pub.Rate, pub.StampSent = b.o.Rate, true
@@ -341,6 +356,7 @@ func (b *bencher) runRow(ctx context.Context, row Row, bin string, run int) (run
 
 	r := sumRun(stats, start, messages, cpuDelta(before, after), row.Latency)
 	r.RSS = rss
+	r.StartupMs = float64(startup.Microseconds()) / 1e3
 	if row.Mode == "idem" {
 		rep, err := verify.Check(ctx, pool, loadgen.NewManifest(spec, queue, stream))
 		if err != nil {
@@ -568,6 +584,52 @@ func (b *bencher) dropSchema(schema string) {
 	defer cancel()
 	_, _ = b.admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 }
+
+// consumerWatch polls a queue's consumer count, on a connection of its
+// own, opened before the workers start so that its dial is not timed.
+type consumerWatch struct {
+	conn  *amqp.Connection
+	ch    *amqp.Channel
+	queue string
+}
+
+func watchConsumers(url, queue string) (*consumerWatch, error) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return nil, fmt.Errorf("bench: watching the queue: %w", err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("bench: watching the queue: %w", err)
+	}
+	return &consumerWatch{conn: conn, ch: ch, queue: queue}, nil
+}
+
+// wait returns once the queue has a consumer (a worker finished its
+// start-up), polling every 2 ms; each poll is one round trip to the broker.
+func (w *consumerWatch) wait(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		q, err := w.ch.QueueDeclarePassive(w.queue, true, false, false, false, nil)
+		if err != nil {
+			return fmt.Errorf("bench: watching queue %s: %w", w.queue, err)
+		}
+		if q.Consumers > 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("bench: no worker consumed from %s within %s of its start", w.queue, limit)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+func (w *consumerWatch) close() { w.conn.Close() }
 
 func deleteQueue(url string, t broker.Topology) {
 	conn, err := amqp.Dial(url)

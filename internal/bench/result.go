@@ -46,6 +46,10 @@ type Result struct {
 	Outcomes map[string]int64 `json:"outcomes,omitempty"`
 	// BytesPerKey is Redis memory per done key.
 	BytesPerKey float64 `json:"redisBytesPerKey,omitempty"`
+	// StartupMs is the time from a worker's "go" to its consumer's
+	// registration on the queue (start-up checks, connections), median of
+	// the runs. Rate and CPU are measured from that registration on.
+	StartupMs float64 `json:"startupMs,omitempty"`
 }
 
 // CauseCost is one cause's Postgres round trips per message and the time
@@ -118,6 +122,7 @@ func summarize(row Row, runs []runResult) Result {
 	res.P50 = medianOf(runs, func(r runResult) float64 { return r.P50 })
 	res.P99 = medianOf(runs, func(r runResult) float64 { return r.P99 })
 	res.BytesPerKey = medianOf(runs, func(r runResult) float64 { return r.BytesPerKey })
+	res.StartupMs = medianOf(runs, func(r runResult) float64 { return r.StartupMs })
 	return res
 }
 
@@ -292,8 +297,8 @@ func printBaseline(w io.Writer, results []Result) {
 	}
 	fmt.Fprintln(w, "\nThis build against the baseline (--baseline-bin), each row's two builds run one after the other in every run")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| row | msg/s (this build) | msg/s (baseline) | this/baseline (median of the per-run ratios) | CPU µs/msg total: this vs baseline | Postgres trips/msg: this vs baseline |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| row | msg/s (this build) | msg/s (baseline) | this/baseline (median of the per-run ratios) | CPU µs/msg total: this vs baseline | Postgres trips/msg: this vs baseline | start-up ms: this vs baseline |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
 	for _, r := range results {
 		base, ok := find(results, BuildBaseline, r.Row.Name)
 		if r.Build != "" || !ok {
@@ -306,8 +311,8 @@ func printBaseline(w io.Writer, results []Result) {
 			this, that = fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", r.P50, r.P99), fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", base.P50, base.P99)
 			ratio = "–"
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %.0f vs %.0f | %.3f vs %.3f |\n",
-			r.Row.Name, this, that, ratio, r.CPU.Total(), base.CPU.Total(), r.PGTrips, base.PGTrips)
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %.0f vs %.0f | %.3f vs %.3f | %.0f vs %.0f |\n",
+			r.Row.Name, this, that, ratio, r.CPU.Total(), base.CPU.Total(), r.PGTrips, base.PGTrips, r.StartupMs, base.StartupMs)
 	}
 }
 
