@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -13,45 +14,77 @@ import (
 const busyLinger = 3
 
 // intake takes each delivery from the library as it arrives, registers it
-// with the acker, and queues it for gather, which reads only while it has
-// room for a batch. A delivery the broker sent counts as unacked from then
-// on (Stats.InFlight, Stats.Unacked), as the broker counts it, not only once
-// a batch takes it. The broker's prefetch bounds the queue. The returned
-// channel closes once deliveries is closed and everything queued was taken.
-func (w *worker[T]) intake(deliveries <-chan amqp.Delivery) <-chan amqp.Delivery {
-	out := make(chan amqp.Delivery)
+// with the acker, and queues it for gather, which takes what is queued in
+// bulk while it has room for a batch: one hand-off between goroutines per
+// delivery (the library's), not two. A delivery the broker sent counts as
+// unacked from then on (Stats.InFlight, Stats.Unacked), as the broker
+// counts it, not only once a batch takes it. The broker's prefetch bounds
+// the queue. The queue closes once deliveries is closed.
+func (w *worker[T]) intake(deliveries <-chan amqp.Delivery) *intakeQueue {
+	q := &intakeQueue{ready: make(chan struct{}, 1)}
 	go func() {
-		defer close(out)
-		var queue []amqp.Delivery
-		in := deliveries
-		for in != nil || len(queue) > 0 {
-			var send chan<- amqp.Delivery
-			var next amqp.Delivery
-			if len(queue) > 0 {
-				send, next = out, queue[0]
-			}
-			select {
-			case d, ok := <-in:
-				if !ok {
-					in = nil
-					if c, ok := w.acker.ch.(interface{ IsClosed() bool }); ok && c.IsClosed() {
-						// The consume channel is gone (the session
-						// failed): the broker has every delivery back,
-						// and no ack of these can land. Drop them
-						// rather than process them for nothing.
-						queue = nil
-					}
-					continue
-				}
-				w.acker.register(d.DeliveryTag)
-				queue = append(queue, d)
-			case send <- next:
-				queue[0] = amqp.Delivery{} // let its body go
-				queue = queue[1:]
-			}
+		for d := range deliveries {
+			w.acker.register(d.DeliveryTag)
+			q.push(d)
 		}
+		// The consume channel is gone (the session failed): the broker
+		// has every delivery back, and no ack of these can land. Drop
+		// them rather than process them for nothing.
+		c, ok := w.acker.ch.(interface{ IsClosed() bool })
+		q.close(ok && c.IsClosed())
 	}()
-	return out
+	return q
+}
+
+// intakeQueue is what intake queued and gather has not taken.
+type intakeQueue struct {
+	ready chan struct{} // holds a value while something is queued, or once closed
+
+	mu     sync.Mutex
+	queue  []amqp.Delivery
+	closed bool
+}
+
+func (q *intakeQueue) push(d amqp.Delivery) {
+	q.mu.Lock()
+	q.queue = append(q.queue, d)
+	q.mu.Unlock()
+	q.signal()
+}
+
+// close ends the queue; with drop, what it holds goes too.
+func (q *intakeQueue) close(drop bool) {
+	q.mu.Lock()
+	q.closed = true
+	if drop {
+		clear(q.queue)
+		q.queue = q.queue[:0]
+	}
+	q.mu.Unlock()
+	q.signal()
+}
+
+func (q *intakeQueue) signal() {
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// take appends up to n queued deliveries to cur, in the broker's order.
+// end reports that the queue is closed and nothing is left in it.
+func (q *intakeQueue) take(cur []amqp.Delivery, n int) (_ []amqp.Delivery, end bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	k := min(n, len(q.queue))
+	cur = append(cur, q.queue[:k]...)
+	rest := copy(q.queue, q.queue[k:])
+	clear(q.queue[rest:]) // let the taken bodies go
+	q.queue = q.queue[:rest]
+	if rest > 0 || q.closed {
+		q.signal() // more to take, or the end to see, once there is room
+	}
+	return cur, q.closed && rest == 0
 }
 
 // gather reads deliveries (registered by intake) and hands them to the
@@ -60,7 +93,7 @@ func (w *worker[T]) intake(deliveries <-chan amqp.Delivery) <-chan amqp.Delivery
 // Config.BatchLinger with no batch in flight, or busyLinger times that while
 // others are, and a worker is free. With BatchSize 1 every delivery goes on
 // its own. done receives one value per batch a worker finished.
-func (w *worker[T]) gather(deliveries <-chan amqp.Delivery, batches chan<- []amqp.Delivery, done <-chan struct{}) {
+func (w *worker[T]) gather(in *intakeQueue, batches chan<- []amqp.Delivery, done <-chan struct{}) {
 	defer close(batches)
 	size, linger := w.c.cfg.BatchSize, w.c.cfg.BatchLinger
 	timer := time.NewTimer(time.Hour)
@@ -68,7 +101,6 @@ func (w *worker[T]) gather(deliveries <-chan amqp.Delivery, batches chan<- []amq
 	var cur []amqp.Delivery
 	var first time.Time // when cur's first delivery arrived
 	inFlight := 0
-	in := deliveries
 	for {
 		var out chan<- []amqp.Delivery
 		if n := len(cur); n > 0 {
@@ -82,23 +114,24 @@ func (w *worker[T]) gather(deliveries <-chan amqp.Delivery, batches chan<- []amq
 				timer.Reset(busyLinger*linger - waited)
 			}
 		}
-		read := in
+		read := in.ready
 		if len(cur) >= size {
 			read = nil // full: wait for a worker
 		}
 		select {
-		case d, ok := <-read:
-			if !ok {
+		case <-read:
+			had := len(cur)
+			var end bool
+			if cur, end = in.take(cur, size-len(cur)); end {
 				if len(cur) > 0 {
 					w.c.cfg.Observer.Gathered(len(cur))
 					batches <- cur
 				}
 				return
 			}
-			if len(cur) == 0 {
+			if had == 0 && len(cur) > 0 {
 				first = time.Now()
 			}
-			cur = append(cur, d)
 		case out <- cur:
 			w.c.cfg.Observer.Gathered(len(cur))
 			cur = nil
