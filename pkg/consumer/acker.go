@@ -10,20 +10,25 @@ import (
 
 // ackHold is the longest an ack waits for the deliveries below it to settle,
 // so that one multiple-ack can cover them all, before it is sent on its own.
-const ackHold = 20 * time.Millisecond
+// The usual gap below a held ack is an event set aside for the next batch
+// (its Redis lease held by a batch committing now), which closes within a
+// batch or two; an ack sent on its own is a frame, and on a quorum queue a
+// log entry, per delivery. A hold is also bounded in count (newAcker).
+const ackHold = 200 * time.Millisecond
 
 // acker settles the deliveries of one consume channel in as few frames as is
 // safe. A multiple-ack up to tag t acks every unacked delivery at or below t,
 // so it may only be sent once every delivery below t is settled. A delivery
 // settled above one still in progress (a batch that finished before the batch
-// below it) is held for up to ackHold, until a multiple-ack can cover it;
-// after that it is acked on its own.
+// below it) is held for up to ackHold, until a multiple-ack can cover it,
+// and while fewer than maxHeld are held; after that it is acked on its own.
 //
 // Every settlement goes through the acker: a delivery acked behind its back
 // would be acked again by a later multiple-ack, which the broker answers by
 // closing the channel.
 type acker struct {
-	ch amqp.Acknowledger
+	ch      amqp.Acknowledger
+	maxHeld int // held acks that are sent at once rather than wait longer
 
 	mu        sync.Mutex
 	unsettled map[uint64]struct{} // registered, outcome not reached
@@ -36,8 +41,12 @@ type acker struct {
 	err       error               // the first failed send, reported by the next call
 }
 
-func newAcker(ch amqp.Acknowledger) *acker {
-	return &acker{ch: ch, unsettled: map[uint64]struct{}{}, held: map[uint64]struct{}{}, sent: map[uint64]struct{}{}, low: 1}
+// newAcker returns the acker of channel ch. Held acks take room in the
+// broker's prefetch window, so that once maxHeld of them wait they are all
+// sent at once (the consumer gives half its Prefetch): a gap that stays
+// open never stalls the deliveries.
+func newAcker(ch amqp.Acknowledger, maxHeld int) *acker {
+	return &acker{ch: ch, maxHeld: max(maxHeld, 1), unsettled: map[uint64]struct{}{}, held: map[uint64]struct{}{}, sent: map[uint64]struct{}{}, low: 1}
 }
 
 // register records a delivery as it arrives. The broker numbers a channel's
@@ -61,7 +70,10 @@ func (a *acker) ack(tags []uint64) error {
 		a.held[t] = struct{}{}
 	}
 	a.sendCovered()
-	if len(a.held) > 0 && a.timer == nil {
+	switch {
+	case len(a.held) >= a.maxHeld:
+		a.flushLocked()
+	case len(a.held) > 0 && a.timer == nil:
 		a.timer = time.AfterFunc(ackHold, a.flush)
 	}
 	return a.takeErr()
@@ -95,7 +107,14 @@ func (a *acker) nack(tag uint64) error {
 func (a *acker) flush() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.timer = nil
+	a.flushLocked()
+}
+
+func (a *acker) flushLocked() {
+	if a.timer != nil {
+		a.timer.Stop()
+		a.timer = nil
+	}
 	a.sendCovered()
 	rest := make([]uint64, 0, len(a.held))
 	for t := range a.held {

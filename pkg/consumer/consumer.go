@@ -257,7 +257,7 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	defer stopWaits()
 	ends := sessionEnds{away: make(chan struct{}), tripped: make(chan struct{}), resumed: make(chan struct{})}
 	w := &worker[T]{c: &c.shared, storeAway: onceCloser(ends.away), trip: onceCloser(ends.tripped), resume: onceCloser(ends.resumed),
-		tripped: ends.tripped, pubs: pubs, acker: newAcker(sub.ch), stop: stop, queueOf: sub.queueOf,
+		tripped: ends.tripped, pubs: pubs, acker: newAcker(sub.ch, c.cfg.Prefetch/2), stop: stop, queueOf: sub.queueOf,
 		letters: make(chan letter[T], c.cfg.Prefetch)}
 	c.live.Store(w.acker)
 	defer c.live.Store(nil)
