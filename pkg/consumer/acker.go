@@ -43,8 +43,9 @@ type acker struct {
 
 // newAcker returns the acker of channel ch. Held acks take room in the
 // broker's prefetch window, so that once maxHeld of them wait they are all
-// sent at once (the consumer gives half its Prefetch): a gap that stays
-// open never stalls the deliveries.
+// sent at once (the consumer gives half the prefetch of one queue's
+// consumer, the smallest window the channel's acks count against): a gap
+// that stays open never stalls the deliveries.
 func newAcker(ch amqp.Acknowledger, maxHeld int) *acker {
 	return &acker{ch: ch, maxHeld: max(maxHeld, 1), unsettled: map[uint64]struct{}{}, held: map[uint64]struct{}{}, sent: map[uint64]struct{}{}, low: 1}
 }

@@ -257,7 +257,7 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	defer stopWaits()
 	ends := sessionEnds{away: make(chan struct{}), tripped: make(chan struct{}), resumed: make(chan struct{})}
 	w := &worker[T]{c: &c.shared, storeAway: onceCloser(ends.away), trip: onceCloser(ends.tripped), resume: onceCloser(ends.resumed),
-		tripped: ends.tripped, pubs: pubs, acker: newAcker(sub.ch, c.cfg.Prefetch/2), stop: stop, queueOf: sub.queueOf,
+		tripped: ends.tripped, pubs: pubs, acker: newAcker(sub.ch, prefetch/2), stop: stop, queueOf: sub.queueOf,
 		letters: make(chan letter[T], c.cfg.Prefetch)}
 	c.live.Store(w.acker)
 	defer c.live.Store(nil)
@@ -284,7 +284,13 @@ func (c *Consumer[T]) session(ctx context.Context) error {
 	}
 	if !graceful {
 		// Close the consume channel so deliveries closes and the workers
-		// return; their unacked deliveries go back to the queue.
+		// return; their unacked deliveries go back to the queue. The acks
+		// held for a multiple-ack go first, where the channel still takes
+		// them: their outcomes are durable, and would come back as
+		// duplicates.
+		if !sub.ch.IsClosed() {
+			w.acker.flush()
+		}
 		_ = sub.ch.Close()
 	}
 	if errors.Is(cause, errStoreAway) {

@@ -41,12 +41,21 @@ type intakeQueue struct {
 	ready chan struct{} // holds a value while something is queued, or once closed
 
 	mu     sync.Mutex
-	queue  []amqp.Delivery
+	queue  []amqp.Delivery // queue[head:] is queued
+	head   int
 	closed bool
 }
 
 func (q *intakeQueue) push(d amqp.Delivery) {
 	q.mu.Lock()
+	if q.head > 0 && q.head >= cap(q.queue)/2 {
+		// Taken slots fill half the array: move what is queued to its
+		// front rather than grow it (each slot is moved at most once
+		// per halving, so a push costs O(1) on average).
+		n := copy(q.queue, q.queue[q.head:])
+		clear(q.queue[n:])
+		q.queue, q.head = q.queue[:n], 0
+	}
 	q.queue = append(q.queue, d)
 	q.mu.Unlock()
 	q.signal()
@@ -58,7 +67,7 @@ func (q *intakeQueue) close(drop bool) {
 	q.closed = true
 	if drop {
 		clear(q.queue)
-		q.queue = q.queue[:0]
+		q.queue, q.head = q.queue[:0], 0
 	}
 	q.mu.Unlock()
 	q.signal()
@@ -76,11 +85,14 @@ func (q *intakeQueue) signal() {
 func (q *intakeQueue) take(cur []amqp.Delivery, n int) (_ []amqp.Delivery, end bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	k := min(n, len(q.queue))
-	cur = append(cur, q.queue[:k]...)
-	rest := copy(q.queue, q.queue[k:])
-	clear(q.queue[rest:]) // let the taken bodies go
-	q.queue = q.queue[:rest]
+	k := min(n, len(q.queue)-q.head)
+	cur = append(cur, q.queue[q.head:q.head+k]...)
+	clear(q.queue[q.head : q.head+k]) // let the taken bodies go
+	q.head += k
+	rest := len(q.queue) - q.head
+	if rest == 0 {
+		q.queue, q.head = q.queue[:0], 0
+	}
 	if rest > 0 || q.closed {
 		q.signal() // more to take, or the end to see, once there is room
 	}
