@@ -66,7 +66,7 @@ func TestBaselineCausesAndRedisTables(t *testing.T) {
 	res := func(name, build string, rates ...float64) Result {
 		var runs []runResult
 		for _, rate := range rates {
-			runs = append(runs, runResult{Rate: rate, PGTrips: 0.02, PGCauses: map[roundtrip.Cause]CauseCost{
+			runs = append(runs, runResult{Rate: rate, PGTrips: 0.02, StartupMs: rate / 2, PGCauses: map[roundtrip.Cause]CauseCost{
 				roundtrip.CauseClaim: {Trips: 0.005, WaitMicros: 40}, roundtrip.CauseCommit: {Trips: 0.005, WaitMicros: 30}}})
 		}
 		r := summarize(rows[name], runs)
@@ -87,7 +87,7 @@ func TestBaselineCausesAndRedisTables(t *testing.T) {
 	var out bytes.Buffer
 	Print(&out, results)
 	s := out.String()
-	require.Contains(t, s, "| "+on+" | 200 | 150 | 2.000× | 0 vs 0 | 0.020 vs 0.020 |")
+	require.Contains(t, s, "| "+on+" | 200 | 150 | 2.000× | 0 vs 0 | 0.020 vs 0.020 | 100 vs 75 |", "start-up: medians of the runs")
 	require.Contains(t, s, "| batched | 25% | Postgres 1 ms away | 2.000× | 0.750× |", "on/off per run: this 1, 2, 3; baseline 0.5, 4, 0.75")
 	require.Contains(t, s, "| "+on+" | – | 0.005 · 40 | – | – | – | 0.005 · 30 | – | – | – | – | 0.010 · 70 |")
 	require.NotContains(t, s, on+" (baseline) |", "no cause row for a baseline that does not report them")

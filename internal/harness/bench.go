@@ -26,7 +26,10 @@ messages per second (median of --runs) and the ratio to the row's baseline,
 CPU per message of the consumer, PostgreSQL, RabbitMQ and Redis (from /proc),
 Postgres and Redis round trips per message, the consumer's peak RSS, errors,
 breaker transitions, and events doubled or missing (each idem run is
-verified; any doubled or missing event makes the command exit 1). Each row gets a fresh queue, schema and Redis key prefix; a
+verified; any doubled or missing event makes the command exit 1). Rates
+and CPU are measured from the moment a worker's consumer is on the queue,
+so its start-up (connections, start-up checks) is not spread over the
+messages; the baseline table gives the start-up in its own column. Each row gets a fresh queue, schema and Redis key prefix; a
 "100%" row's stream was processed once before, by a set of the row's own
 workers, so every message is a duplicate. The rows:
 
@@ -46,7 +49,7 @@ builds one of BASELINE, by default HEAD, with .ci/build-baseline.sh), every
 idem row also runs with the baseline's bench-workers, right after the same
 row with this build's, on the same stream, in every run; a table sets the
 two builds side by side (throughput, the median of the per-run ratios, CPU
-and Postgres round trips per message), and the Redis table gets the
+and Postgres round trips per message, start-up), and the Redis table gets the
 baseline's column. The schemas are made by this build's migrations for
 both builds.
 
