@@ -175,7 +175,7 @@ func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 	began := time.Now()
 	answers := g.fast.Claim(ctx, g.scope, g.histories[b.shard].known(), fastEvents)
 	g.obs.ObserveStage(ctx, StageFastClaim, len(fastEvents), time.Since(began), firstFault(answers))
-	byIndex := make(map[int]tier.FastResult, len(uniq))
+	byIndex := make([]tier.FastResult, len(events)) // set at each first copy's index
 	for k, i := range uniq {
 		a := answers[k]
 		byIndex[i] = a
@@ -190,14 +190,17 @@ func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 	// An ID whose copies differ from its marker's hash goes to the store
 	// whole, so that a marker the store does not confirm never splits
 	// the copies of one ID over two claims.
-	mixed := map[string]bool{}
+	var mixed map[string]bool // nil, and so empty, in almost every batch
 	for i, ev := range events {
-		if a := byIndex[b.first[i]]; a.State == tier.FastDone && !bytes.Equal(a.Hash, ev.Hash) {
+		if a := &byIndex[b.first[i]]; a.State == tier.FastDone && !bytes.Equal(a.Hash, ev.Hash) {
+			if mixed == nil {
+				mixed = map[string]bool{}
+			}
 			mixed[ev.ID] = true
 		}
 	}
 	for i, ev := range events {
-		a := byIndex[b.first[i]]
+		a := &byIndex[b.first[i]]
 		if a.State == tier.FastDone && !mixed[ev.ID] {
 			if b.marked == nil {
 				b.marked = map[int]tier.History{}
