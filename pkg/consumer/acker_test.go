@@ -108,27 +108,23 @@ func TestAckerHoldsBehindAGapAndSendsAtTheBound(t *testing.T) {
 	for tag := uint64(1); tag <= 12; tag++ {
 		a.register(tag)
 	}
-	b.intend(2, 3, 4)
-	require.NoError(t, a.ack([]uint64{2, 3, 4}))
-	require.Equal(t, 0, b.frames, "held behind 1")
-	b.intend(1)
-	require.NoError(t, a.ack([]uint64{1}))
-	require.Equal(t, 1, b.frames, "1 to 4 in one multiple-ack")
-
-	b.intend(6, 7, 8)
-	require.NoError(t, a.ack([]uint64{6, 7, 8}))
-	require.Equal(t, 1, b.frames, "three held behind 5, below the bound")
-	b.intend(9)
-	require.NoError(t, a.ack([]uint64{9}))
-	require.Equal(t, 5, b.frames, "the fourth held: all four go at once, one by one")
+	// settle acks tags and checks the frames sent so far.
+	settle := func(frames int, why string, tags ...uint64) {
+		t.Helper()
+		b.intend(tags...)
+		require.NoError(t, a.ack(tags))
+		require.Equal(t, frames, b.frames, why)
+	}
+	settle(0, "held behind 1", 2, 3, 4)
+	settle(1, "1 to 4 in one multiple-ack", 1)
+	settle(1, "three held behind 5, below the bound", 6, 7, 8)
+	settle(5, "the fourth held: all four go at once, one by one", 9)
 	_, held := a.counts()
 	require.Zero(t, held)
 	b.mu.Lock()
 	require.True(t, b.unacked[5], "5 is still in progress")
 	b.mu.Unlock()
-	b.intend(5, 10)
-	require.NoError(t, a.ack([]uint64{5, 10}))
-	require.Equal(t, 6, b.frames, "5 and 10 in one multiple-ack over the acked 6 to 9")
+	settle(6, "5 and 10 in one multiple-ack over the acked 6 to 9", 5, 10)
 	require.NoError(t, b.violation)
 }
 
