@@ -566,6 +566,14 @@ func (b *outboxBench) twoHops(ctx context.Context, run int) (outboxRun, error) {
 		return outboxRun{}, err
 	}
 	defer pool.Close()
+	// The consumers' Redis keys go with the run (done markers live for a
+	// day: left behind, 20,000 a run fill the shared Redis).
+	rdb, err := redisClient(b.o.RedisURL)
+	if err != nil {
+		return outboxRun{}, err
+	}
+	defer rdb.Close()
+	defer deleteKeys(rdb, name)
 	rq := name + ".receipts"
 	defer deleteQueue(b.o.AMQPURL, broker.TopologyFor(name, 0))
 	defer deleteQueue(b.o.AMQPURL, broker.TopologyFor(rq, 0))
