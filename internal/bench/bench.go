@@ -305,11 +305,13 @@ func (b *bencher) runRow(ctx context.Context, row Row, bin string, run int) (run
 	// one mid-run and each writes the same full-page images.
 	b.checkpoint(ctx)
 	waitQuiet(10 * time.Second)
-	watch, err := watchConsumers(b.o.AMQPURL, topo.Queue)
-	if err != nil {
+	// The inspector's connection is opened by its first look, before the
+	// workers start, so that its dial is not timed.
+	queues := sandbox.NewInspector(b.o.AMQPURL)
+	defer queues.Close()
+	if _, err := queues.Consumers(topo.Queue); err != nil {
 		return runResult{}, err
 	}
-	defer watch.close()
 	began := time.Now()
 	if err := workers.start(); err != nil {
 		return runResult{}, err
@@ -318,7 +320,7 @@ func (b *bencher) runRow(ctx context.Context, row Row, bin string, run int) (run
 	// moment a consumer is on the queue, after the worker's start-up (its
 	// connections and checks), which is a fixed cost a short run would
 	// otherwise spread over its messages. The start-up gets its own figure.
-	if err := watch.wait(ctx, time.Minute); err != nil {
+	if err := waitConsumed(ctx, queues, topo.Queue, time.Minute); err != nil {
 		return runResult{}, err
 	}
 	before, err := sampleCPU(workers.pids())
@@ -585,41 +587,20 @@ func (b *bencher) dropSchema(schema string) {
 	_, _ = b.admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 }
 
-// consumerWatch polls a queue's consumer count, on a connection of its
-// own, opened before the workers start so that its dial is not timed.
-type consumerWatch struct {
-	conn  *amqp.Connection
-	ch    *amqp.Channel
-	queue string
-}
-
-func watchConsumers(url, queue string) (*consumerWatch, error) {
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		return nil, fmt.Errorf("bench: watching the queue: %w", err)
-	}
-	ch, err := conn.Channel()
-	if err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("bench: watching the queue: %w", err)
-	}
-	return &consumerWatch{conn: conn, ch: ch, queue: queue}, nil
-}
-
-// wait returns once the queue has a consumer (a worker finished its
+// waitConsumed returns once queue has a consumer (a worker finished its
 // start-up), polling every 2 ms; each poll is one round trip to the broker.
-func (w *consumerWatch) wait(ctx context.Context, limit time.Duration) error {
+func waitConsumed(ctx context.Context, queues *sandbox.Inspector, queue string, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for {
-		q, err := w.ch.QueueDeclarePassive(w.queue, true, false, false, false, nil)
+		n, err := queues.Consumers(queue)
 		if err != nil {
-			return fmt.Errorf("bench: watching queue %s: %w", w.queue, err)
+			return fmt.Errorf("bench: %w", err)
 		}
-		if q.Consumers > 0 {
+		if n > 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("bench: no worker consumed from %s within %s of its start", w.queue, limit)
+			return fmt.Errorf("bench: no worker consumed from %s within %s of its start", queue, limit)
 		}
 		select {
 		case <-ctx.Done():
@@ -628,8 +609,6 @@ func (w *consumerWatch) wait(ctx context.Context, limit time.Duration) error {
 		}
 	}
 }
-
-func (w *consumerWatch) close() { w.conn.Close() }
 
 func deleteQueue(url string, t broker.Topology) {
 	conn, err := amqp.Dial(url)

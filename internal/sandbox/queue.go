@@ -36,11 +36,24 @@ func NewInspector(amqpURL string) *Inspector { return &Inspector{url: amqpURL} }
 // Ready returns the messages ready for delivery in queue, or an error
 // wrapping ErrNoQueue if it does not exist.
 func (in *Inspector) Ready(queue string) (int, error) {
+	q, err := in.declare(queue)
+	return q.Messages, err
+}
+
+// Consumers returns the consumers on queue, or an error wrapping ErrNoQueue
+// if it does not exist.
+func (in *Inspector) Consumers(queue string) (int, error) {
+	q, err := in.declare(queue)
+	return q.Consumers, err
+}
+
+// declare reads queue's declare-ok, with a passive declare.
+func (in *Inspector) declare(queue string) (amqp.Queue, error) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.ch == nil || in.ch.IsClosed() {
 		if err := in.open(); err != nil {
-			return 0, fmt.Errorf("sandbox: inspect queue: %w", err)
+			return amqp.Queue{}, fmt.Errorf("sandbox: inspect queue: %w", err)
 		}
 	}
 	q, err := in.ch.QueueDeclarePassive(queue, true, false, false, false, nil)
@@ -49,12 +62,12 @@ func (in *Inspector) Ready(queue string) (int, error) {
 	}
 	var ae *amqp.Error
 	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-		return 0, fmt.Errorf("%w: %s", ErrNoQueue, queue)
+		return amqp.Queue{}, fmt.Errorf("%w: %s", ErrNoQueue, queue)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("sandbox: inspect queue %s: %w", queue, err)
+		return amqp.Queue{}, fmt.Errorf("sandbox: inspect queue %s: %w", queue, err)
 	}
-	return q.Messages, nil
+	return q, nil
 }
 
 func (in *Inspector) open() error {
