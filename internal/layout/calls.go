@@ -30,8 +30,8 @@ type GuardCall struct {
 
 // GuardCalls are the functions a claim calls, in the order CheckGuardCalls
 // tries them. The first six make the database's history (see
-// pgtier.History); the others commit the WAL message of a claim that only
-// finds rows.
+// pgtier.History); the lock follows; the others commit the WAL message of a
+// claim that only finds rows.
 var GuardCalls = []GuardCall{
 	{"pg_control_system()", `SELECT system_identifier FROM pg_control_system()`,
 		"the cluster's system identifier, which tells a dump restored into another cluster"},
@@ -43,6 +43,8 @@ var GuardCalls = []GuardCall{
 		"when the server started, which tells a file-system snapshot put back"},
 	{"pg_relation_filenode(regclass)", `SELECT pg_relation_filenode(to_regclass('idem_processed'))`,
 		"the dedup table's file node, which tells it truncated or restored under a running server"},
+	{"pg_relation_filepath(regclass)", `SELECT pg_relation_filepath(to_regclass('idem_processed'))`,
+		"the dedup table's file path, which names the database's OID, which tells a dump restored into a re-created database"},
 	{"pg_advisory_xact_lock_shared(integer, integer)", `SELECT pg_advisory_xact_lock_shared(1, 1)`,
 		"the lock every claim holds so that prune waits for it"},
 	{"pg_logical_emit_message(boolean, text, text)", `SELECT pg_logical_emit_message(true, 'idem', '')`,
@@ -69,10 +71,13 @@ func (e *CallError) Error() string {
 func (e *CallError) Unwrap() error { return e.Err }
 
 // leftOut reports whether the history part without names calls c alone
-// (pg_walfile_name reads pg_current_wal_lsn only for the history).
+// (pg_walfile_name reads pg_current_wal_lsn only for the history; without
+// the file node, the database's OID is read from the catalog, not from the
+// file path).
 func (c GuardCall) leftOut(without []string) bool {
 	for _, w := range without {
-		if strings.HasPrefix(c.Function, w+"(") || (w == "pg_walfile_name" && c.Function == "pg_current_wal_lsn()") {
+		if strings.HasPrefix(c.Function, w+"(") || (w == "pg_walfile_name" && c.Function == "pg_current_wal_lsn()") ||
+			(w == "pg_relation_filenode" && c.Function == "pg_relation_filepath(regclass)") {
 			return true
 		}
 	}
@@ -154,7 +159,7 @@ func refused(err error) bool {
 
 func historyCalls() string {
 	var names []string
-	for _, c := range GuardCalls[:5] {
+	for _, c := range GuardCalls[:6] {
 		names = append(names, c.Function)
 	}
 	return strings.Join(names, ", ")

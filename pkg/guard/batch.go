@@ -375,9 +375,13 @@ func (g *Guard) beginClaim(ctx context.Context, b *Batch, named int) (pgx.Tx, []
 	if err != nil {
 		return nil, nil, "", err
 	}
-	sh := g.histories[b.shard]
-	sh.saw(ctx, g.log, b.shard, history)
-	sh.observe(sent, history)
+	if history != "" || g.fast != nil {
+		// Without a fast tier a store may leave the history out of its
+		// claims (pgtier.Options.NoMarkers): nothing to learn from "".
+		sh := g.histories[b.shard]
+		sh.saw(ctx, g.log, b.shard, history)
+		sh.observe(sent, history)
+	}
 	return tx, claimed, history, nil
 }
 

@@ -237,3 +237,25 @@ func TestRejectsBadInput(t *testing.T) {
 		require.Error(t, err, "%q", ev.ID)
 	}
 }
+
+// TestAStoreWithoutMarkersRunsWithoutAFastTierOnly: a store whose claims
+// leave the history out (pgtier.Options.NoMarkers) is refused beside a
+// fast tier, whose markers need it, and guards alone: its events are
+// processed once and a re-send is a duplicate.
+func TestAStoreWithoutMarkersRunsWithoutAFastTierOnly(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	st, err := pgtier.NewWith(f.pool, pgtier.Options{NoMarkers: true})
+	require.NoError(t, err)
+	_, err = guard.New(guard.Config{Scope: "payments", Store: st, Fast: f.fast})
+	require.ErrorContains(t, err, "NoMarkers")
+	_, err = guard.New(guard.Config{Scope: "payments", Shards: []guard.Store{pgtier.New(f.pool), st}, Fast: f.fast})
+	require.ErrorContains(t, err, "store 1")
+
+	f.guard, err = guard.New(guard.Config{Scope: "payments", Store: st})
+	require.NoError(t, err)
+	ev := event("evt_nomarkers", 1)
+	require.Equal(t, guard.OutcomeProcessed, f.process(t, ev))
+	require.Equal(t, guard.OutcomeDuplicatePostgres, f.process(t, ev))
+	require.Equal(t, 1, f.ledgerRows(t, ev.ID))
+}

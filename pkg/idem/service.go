@@ -126,7 +126,10 @@ func (s *Service[T]) open() error {
 	}
 	dbs := make([]replication.Querier, len(s.dbs))
 	for i, p := range s.dbs {
-		st, err := pgtier.NewWith(p, pgtier.Options{HistoryWithout: cfg.HistoryWithout})
+		// Without Redis no done marker is written or trusted: the claims
+		// need not read the database's history.
+		noMarkers := cfg.Redis == nil && cfg.RedisURL == ""
+		st, err := pgtier.NewWith(p, pgtier.Options{HistoryWithout: cfg.HistoryWithout, NoMarkers: noMarkers})
 		if err != nil {
 			return fmt.Errorf("idem: HistoryWithout: %w", err)
 		}

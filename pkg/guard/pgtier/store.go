@@ -5,8 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,8 +23,20 @@ import (
 type Store struct {
 	pool    *pgxpool.Pool
 	untimed untimedRecord
-	claim   string // the claim statement
-	history string // the history query
+	history string   // the history query
+	skip    []string // Options.HistoryWithout
+	// noMarkers: no done marker is written or trusted for these rows
+	// (Options.NoMarkers), and claims do not read the history.
+	noMarkers bool
+	// claim is the claim statement, with the system identifier it keeps
+	// (see historyCTE), replaced when a claim reads another.
+	claim atomic.Pointer[claimStmt]
+}
+
+// claimStmt is a claim statement and the identifier it keeps (nil: none).
+type claimStmt struct {
+	sql string
+	key *sysKey
 }
 
 var _ guard.Store = (*Store)(nil)
@@ -34,7 +47,10 @@ var _ guard.Store = (*Store)(nil)
 // connections must not prepare named statements (pgx's cache_describe,
 // exec or simple_protocol mode): idem.New and the idem commands check that
 // at start, New does not.
-func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool, claim: claim, history: historyQuery} }
+func New(pool *pgxpool.Pool) *Store {
+	s, _ := NewWith(pool, Options{}) // no part to refuse
+	return s
+}
 
 // Options tune a Store made by NewWith.
 type Options struct {
@@ -46,16 +62,48 @@ type Options struct {
 	// Redis still holds its marker, is dropped as a duplicate. Leave it
 	// empty wherever the functions can be granted.
 	HistoryWithout []string
+	// NoMarkers says that no done marker is ever written or trusted for
+	// this Store's rows: the guard it backs has no fast tier (Redis
+	// disabled). A claim then does not read the database's history, which
+	// only labels and confirms markers (History still reads it). A guard
+	// with a fast tier refuses such a Store.
+	NoMarkers bool
 }
 
 // NewWith is New with o; it refuses an unknown history part.
 func NewWith(pool *pgxpool.Pool, o Options) (*Store, error) {
-	h, err := historyWithout(o.HistoryWithout)
-	if err != nil {
+	if err := checkParts(o.HistoryWithout); err != nil {
 		return nil, err
 	}
-	return &Store{pool: pool, claim: strings.Replace(claim, historyExpr, h, 1), history: `SELECT ` + h}, nil
+	skip := slices.Clone(o.HistoryWithout)
+	s := &Store{pool: pool, history: `SELECT ` + historyOf(skip, sysidPart, startPart), skip: skip, noMarkers: o.NoMarkers}
+	hist := historyCTE(skip, nil)
+	if o.NoMarkers {
+		hist = noHistory
+	}
+	s.claim.Store(&claimStmt{sql: claimWith(hist)})
+	return s, nil
 }
+
+// noHistory is the claim's hist in a Store without markers
+// (Options.NoMarkers): the guard takes a claim's empty history as none
+// reported.
+const noHistory = `SELECT ''::text AS history, NULL::text AS sysid_read, NULL::text AS start_read`
+
+// keep makes the claim statement take the system identifier from k, which a
+// claim read, while the server's start time is k's, unless it does already.
+func (s *Store) keep(k sysKey) {
+	cur := s.claim.Load()
+	if s.noMarkers || !keeps(s.skip) || (cur.key != nil && *cur.key == k) {
+		return
+	}
+	s.claim.Store(&claimStmt{sql: claimWith(historyCTE(s.skip, &k)), key: &k})
+}
+
+// ClaimsReadHistory reports whether Claim reads the database's history:
+// false for a Store made with Options.NoMarkers, which guard.New refuses
+// beside a fast tier.
+func (s *Store) ClaimsReadHistory() bool { return !s.noMarkers }
 
 // beginQuery starts the guard's transactions. synchronous_commit is pinned
 // on: with it off (in the server's config, the role's, the database's or
@@ -106,9 +154,12 @@ func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
 // a missing row is in doubt. With no idem_horizon row nothing was ever
 // pruned, and nothing is refused.
 //
-// Every row also carries the database's history (historyExpr), read once,
+// Every row also carries the database's history (historyCTE), read once,
 // by the same statement: the guard confirms done markers with it, and
-// names it in the markers of the events this transaction commits.
+// names it in the markers of the events this transaction commits. Where
+// the statement read the system identifier from the control file, not
+// from what the Store keeps, the rows carry it and the start time it was
+// read with, for the Store to keep (keep).
 //
 // A claim that inserts nothing writes a WAL message (wal), in the same
 // statement, unless everything it can have found is already as durable as
@@ -116,7 +167,8 @@ func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
 // events not inserted are read, which a claim that inserted nothing always
 // has; its CASE reads the WAL positions only once ins has run to its end
 // (waits on concurrent inserters included).
-const claim = `WITH hist AS (SELECT ` + historyExpr + ` AS history), c AS (
+func claimWith(hist string) string {
+	return `WITH hist AS (` + hist + `), c AS (
 	SELECT u.id, u.hash, u.n, CASE
 		WHEN u.at IS NULL THEN CASE WHEN h.pruned_through IS NOT NULL THEN 3 END
 		WHEN u.at > now() + h.clock_skew THEN 2
@@ -135,11 +187,15 @@ const claim = `WITH hist AS (SELECT ` + historyExpr + ` AS history), c AS (
 		ELSE NOT (` + durable + `)
 	END
 )
-SELECT event_id, NULL::bytea, true, 0, hist.history, false FROM ins, hist
+SELECT event_id, NULL::bytea, true, 0, hist.history, false, hist.sysid_read, hist.start_read FROM ins, hist
 UNION ALL
 SELECT c.id, (SELECT p.payload_hash FROM idem_processed p WHERE p.scope = $1 AND p.event_id = c.id), false, coalesce(c.refused, 0), hist.history,
-	EXISTS (SELECT 1 FROM wal)
+	EXISTS (SELECT 1 FROM wal), hist.sysid_read, hist.start_read
 FROM c, hist WHERE c.id NOT IN (SELECT event_id FROM ins)`
+}
+
+// claim is the claim statement with every part of the history read.
+var claim = claimWith(historyCTE(nil, nil))
 
 // refusals maps the claim statement's refusal codes to results.
 var refusals = [...]tier.ClaimResult{1: tier.ClaimExpired, 2: tier.ClaimFuture, 3: tier.ClaimUntimed}
@@ -167,7 +223,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, events []gua
 		ids[i], hashes[i] = ev.ID, ev.Hash
 		times[i] = pgtype.Timestamptz{Time: ev.Time, Valid: !ev.Time.IsZero()}
 	}
-	rows, err := tx.Query(ctx, s.claim, scope, ids, hashes, times)
+	rows, err := tx.Query(ctx, s.claim.Load().sql, scope, ids, hashes, times)
 	if err != nil {
 		return nil, "", fmt.Errorf("claim dedup rows: %w", err)
 	}
@@ -179,8 +235,9 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, events []gua
 	var ins bool
 	var code int
 	var history string
-	var walled bool // the WAL message was written (a claim that inserted nothing)
-	_, err = pgx.ForEachRow(rows, []any{&id, &hash, &ins, &code, &history, &walled}, func() error {
+	var walled bool          // the WAL message was written (a claim that inserted nothing)
+	var sysid, start *string // read from the control file, not taken from what the Store keeps
+	_, err = pgx.ForEachRow(rows, []any{&id, &hash, &ins, &code, &history, &walled, &sysid, &start}, func() error {
 		switch {
 		case ins:
 			inserted[id] = true
@@ -193,6 +250,9 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope string, events []gua
 	})
 	if err != nil {
 		return nil, "", fmt.Errorf("claim dedup rows: %w", err)
+	}
+	if sysid != nil && start != nil {
+		s.keep(sysKey{start: *start, sysid: *sysid})
 	}
 	out := make([]tier.ClaimResult, len(events))
 	untimed := false
