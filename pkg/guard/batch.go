@@ -222,6 +222,9 @@ func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 		// store holds the hash of record and decides.
 		b.toStore = append(b.toStore, i)
 	}
+	if len(b.marked) > 0 {
+		g.histories[b.shard].screenedMarked(len(b.marked))
+	}
 	return b, nil
 }
 
@@ -231,7 +234,8 @@ func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 // (Decide sends them). It is for a batch that sends nothing else to the
 // store: one that does reads the history in its claim, at no cost of its
 // own, and Decide confirms without it. Reads are shared by every batch of a
-// shard, at most one in flight and one per historyGap, so a caller that
+// shard, at most one in flight and one per historyGap or per 32 events
+// screened with a marker (historyEnough), so a caller that
 // confirms off its pipeline (the consumer does) pays latency, not a round
 // trip per batch.
 //

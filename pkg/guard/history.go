@@ -16,12 +16,22 @@ import (
 const historyTimeout = 2 * time.Second
 
 // historyGap is the least time between the sending of two history reads of
-// one shard. A read confirms every marker screened before it was sent, so
-// under a stream of duplicates a shard costs at most one read per gap (500
-// a second), however many events and batches wait for one, and a duplicate
-// waits at most the gap and one read for it. The consumer waits off its
-// pipeline (see Guard.Confirm), so the gap costs latency, not throughput.
+// one shard, unless historyEnough events were screened with a marker since
+// the last. A read confirms
+// every marker screened before it was sent, so under a stream of duplicates
+// a shard costs at most one read per gap (500 a second) or per
+// historyEnough duplicates, however many events and batches wait for one,
+// and a duplicate waits at most the gap and one read for it.
 const historyGap = 2 * time.Millisecond
+
+// historyEnough is how many events screened with a done marker since the
+// last read was sent send the next without waiting out historyGap (one read
+// in flight at a time all the same): each needs a read sent after its
+// screen, so it costs at most one round trip per historyEnough duplicates,
+// and a stream of them waits for the reads alone, not for the gap. A
+// consumer holds a duplicate until its marker is confirmed, so that wait
+// bounds what a prefetch window of duplicates can do a second.
+const historyEnough = 32
 
 // shardHistory is what the guard knows of one shard's history.
 //
@@ -38,8 +48,9 @@ const historyGap = 2 * time.Millisecond
 // of the latest statement sent after t if one has answered; else it waits
 // for the read in flight if that was sent after t; else it joins the next
 // read, which is sent once the one in flight (if any) has ended and
-// historyGap after the last was sent. A claim sent after t answers for
-// every caller of the next read (observe), which is then not sent.
+// historyGap after the last was sent, or once historyEnough events were
+// screened with a marker since. A claim sent after t answers for every caller of the next read
+// (observe), which is then not sent.
 type shardHistory struct {
 	turn chan struct{} // held by the read in flight
 
@@ -49,12 +60,17 @@ type shardHistory struct {
 	inFlight *historyRead // the read sent and not answered; nil: none
 	answered *historyRead // the latest-sent statement that answered a history
 	lastSent time.Time    // when the last read was sent
+	// marked counts the events screened with a done marker since the last
+	// read was sent (see historyEnough).
+	marked int
 }
 
 // historyRead is one read of a store's history, and its answer.
 type historyRead struct {
 	done    chan struct{} // closed once h and err are set
 	callers int           // callers that joined it, under shardHistory.mu
+	enough  chan struct{} // closed once historyEnough marked events wait for it
+	full    bool          // enough is closed, under shardHistory.mu
 	after   time.Time     // the latest screening among its callers
 	sent    time.Time     // when it was sent (at or before the statement left)
 	h       tier.History
@@ -109,6 +125,25 @@ func (s *shardHistory) read(ctx context.Context, store Store) (tier.History, err
 	return s.since(ctx, store, time.Now())
 }
 
+// screenedMarked records that n more events were screened with a done
+// marker, each of which needs a read sent after its screen: the next read
+// goes without waiting out the gap once historyEnough do.
+func (s *shardHistory) screenedMarked(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.marked += n
+	s.enoughLocked()
+}
+
+// enoughLocked closes the next read's enough if historyEnough events wait.
+// Callers hold s.mu.
+func (s *shardHistory) enoughLocked() {
+	if r := s.next; r != nil && !r.full && s.marked >= historyEnough {
+		r.full = true
+		close(r.enough)
+	}
+}
+
 // since returns the store's history from a statement sent after t: the
 // latest such that answered, the read in flight if sent after t, or the
 // next read. The caller that opens the next read has it sent, with a
@@ -126,8 +161,9 @@ func (s *shardHistory) since(ctx context.Context, store Store, t time.Time) (tie
 	if r == nil || !r.sent.After(t) {
 		r = s.next
 		if r == nil {
-			r, send = &historyRead{done: make(chan struct{})}, true
+			r, send = &historyRead{done: make(chan struct{}), enough: make(chan struct{})}, true
 			s.next = r
+			s.enoughLocked()
 		}
 		r.callers++
 		if t.After(r.after) {
@@ -149,7 +185,8 @@ func (s *shardHistory) since(ctx context.Context, store Store, t time.Time) (tie
 }
 
 // send sends r once the read in flight ended and historyGap has passed
-// since the last was sent, unless a claim answered it first.
+// since the last was sent, or historyEnough events wait for it, unless a
+// claim answered it first.
 func (s *shardHistory) send(ctx context.Context, store Store, r *historyRead) {
 	s.turn <- struct{}{} // the read in flight ends within historyTimeout
 	defer func() { <-s.turn }()
@@ -157,7 +194,12 @@ func (s *shardHistory) send(ctx context.Context, store Store, r *historyRead) {
 	wait := time.Until(s.lastSent.Add(historyGap))
 	s.mu.Unlock()
 	if wait > 0 {
-		time.Sleep(wait) // at most historyGap
+		gap := time.NewTimer(wait) // at most historyGap
+		select {
+		case <-gap.C:
+		case <-r.enough:
+			gap.Stop()
+		}
 	}
 	s.mu.Lock()
 	if s.next != r {
@@ -169,6 +211,7 @@ func (s *shardHistory) send(ctx context.Context, store Store, r *historyRead) {
 	s.next = nil
 	r.sent = time.Now()
 	s.lastSent, s.inFlight = r.sent, r
+	s.marked = 0
 	s.mu.Unlock()
 	rctx, cancel := context.WithTimeout(ctx, historyTimeout)
 	h, err := store.History(rctx)

@@ -76,3 +76,65 @@ func TestAHistoryCountsOnlyFromAStatementSentAfterTheScreen(t *testing.T) {
 	require.Equal(t, tier.History("read-2"), <-since(claimSent))
 	require.Equal(t, 2, s.called())
 }
+
+// TestEnoughEventsScreenedSendTheReadBeforeTheGap: the next read waits out
+// historyGap after the last was sent while fewer than historyEnough events
+// were screened with a marker since, and is sent at once when they reach
+// it (as they do, whether before or after its callers join); one read
+// answers every caller; the count starts again with each read sent.
+func TestEnoughEventsScreenedSendTheReadBeforeTheGap(t *testing.T) {
+	s := &gatedStore{answers: make(chan tier.History, 2)}
+	sh := newShardHistories(1)[0]
+	ctx := context.Background()
+	sh.lastSent = time.Now().Add(time.Hour) // the gap would not end in this test
+	results := make(chan tier.History, 4)
+	wait := func() {
+		screened := time.Now()
+		go func() {
+			h, err := sh.since(ctx, s, screened)
+			if err != nil {
+				h = tier.History("error: " + err.Error())
+			}
+			results <- h
+		}()
+	}
+	joined := func(n int) {
+		require.Eventually(t, func() bool {
+			sh.mu.Lock()
+			defer sh.mu.Unlock()
+			return sh.next != nil && sh.next.callers == n
+		}, 5*time.Second, time.Millisecond)
+	}
+	answered := func(n int, want tier.History) {
+		for range n {
+			select {
+			case h := <-results:
+				require.Equal(t, want, h)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the read waited for the gap with historyEnough events screened")
+			}
+		}
+	}
+
+	sh.screenedMarked(historyEnough - 1)
+	wait()
+	wait()
+	joined(2)
+	time.Sleep(20 * time.Millisecond)
+	require.Equal(t, 0, s.called(), "a read sent inside the gap with fewer than historyEnough events screened")
+	s.answers <- "read-1"
+	sh.screenedMarked(1)
+	answered(2, "read-1")
+	require.Equal(t, 1, s.called())
+
+	// The count started again when read-1 was sent; enough screened before
+	// the next caller joins send its read at once.
+	sh.mu.Lock()
+	sh.lastSent = time.Now().Add(time.Hour)
+	sh.mu.Unlock()
+	sh.screenedMarked(historyEnough)
+	s.answers <- "read-2"
+	wait()
+	answered(1, "read-2")
+	require.Equal(t, 2, s.called())
+}
