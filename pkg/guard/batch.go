@@ -284,7 +284,16 @@ func (g *Guard) Decide(ctx context.Context, b *Batch, apply BatchApplyFunc) ([]R
 		switch b.res[i].Outcome {
 		case OutcomeProcessed, OutcomeDuplicatePostgres:
 			// The row is committed, by us or before us: done is now true.
-			// The marker replaces our lease, if we hold one.
+			// The marker replaces our lease, if we hold one. A store that
+			// reported no history (pgtier.Options.NoMarkers) names none
+			// for a marker to count in: it would never confirm, so the
+			// lease goes instead.
+			if history == "" {
+				if l, ok := b.leases[i]; ok {
+					release = append(release, l)
+				}
+				continue
+			}
 			done = append(done, b.events[i])
 		default:
 			if l, ok := b.leases[i]; ok {

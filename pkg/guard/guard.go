@@ -79,13 +79,6 @@ func New(cfg Config) (*Guard, error) {
 	case slices.Contains(cfg.Shards, nil):
 		return nil, errors.New("guard: Shards holds a nil Store")
 	}
-	if cfg.Fast != nil {
-		for i, st := range stores {
-			if h, ok := st.(interface{ ClaimsReadHistory() bool }); ok && !h.ClaimsReadHistory() {
-				return nil, fmt.Errorf("guard: store %d does not read the database's history in its claims (pgtier.Options.NoMarkers), which a fast tier's done markers need", i)
-			}
-		}
-	}
 	g := &Guard{scope: cfg.Scope, stores: stores, fast: cfg.Fast, obs: cfg.Observer, log: cfg.Logger}
 	if g.obs == nil {
 		g.obs = nopObserver{}

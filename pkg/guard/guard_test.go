@@ -238,24 +238,44 @@ func TestRejectsBadInput(t *testing.T) {
 	}
 }
 
-// TestAStoreWithoutMarkersRunsWithoutAFastTierOnly: a store whose claims
-// leave the history out (pgtier.Options.NoMarkers) is refused beside a
-// fast tier, whose markers need it, and guards alone: its events are
-// processed once and a re-send is a duplicate.
-func TestAStoreWithoutMarkersRunsWithoutAFastTierOnly(t *testing.T) {
+// TestAStoreWithoutMarkersIsNeverTrustedByAFastTier: a store whose claims
+// leave the history out (pgtier.Options.NoMarkers) reports none, which
+// confirms no marker; beside a fast tier (a misuse: idem.Service sets it
+// only without Redis) its events get no done marker and their leases go,
+// so their re-sends go to Postgres, which finds them; a marker another
+// guard wrote is confirmed only by a read of the history (History reads
+// it in full). Alone, it processes once and finds the re-send.
+func TestAStoreWithoutMarkersIsNeverTrustedByAFastTier(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
+	ctx := context.Background()
 	st, err := pgtier.NewWith(f.pool, pgtier.Options{NoMarkers: true})
 	require.NoError(t, err)
-	_, err = guard.New(guard.Config{Scope: "payments", Store: st, Fast: f.fast})
-	require.ErrorContains(t, err, "NoMarkers")
-	_, err = guard.New(guard.Config{Scope: "payments", Shards: []guard.Store{pgtier.New(f.pool), st}, Fast: f.fast})
-	require.ErrorContains(t, err, "store 1")
 
-	f.guard, err = guard.New(guard.Config{Scope: "payments", Store: st})
+	full := f.guard
+	marked := event("evt_marked", 1)
+	require.Equal(t, guard.OutcomeProcessed, f.process(t, marked))
+	require.NoError(t, full.Flush(ctx))
+
+	f.guard, err = guard.New(guard.Config{Scope: "payments", Store: st, Fast: f.fast})
 	require.NoError(t, err)
 	ev := event("evt_nomarkers", 1)
 	require.Equal(t, guard.OutcomeProcessed, f.process(t, ev))
+	require.NoError(t, f.guard.Flush(ctx))
+	for _, k := range f.redis.Keys() {
+		require.NotContains(t, k, ev.ID, "a marker (or the lease) left for a claim that reported no history")
+	}
 	require.Equal(t, guard.OutcomeDuplicatePostgres, f.process(t, ev))
+	// Its History reads the database's: a marker of a full store is
+	// confirmed by that read, as on any store.
+	require.Equal(t, guard.OutcomeDuplicateRedis, f.process(t, marked))
 	require.Equal(t, 1, f.ledgerRows(t, ev.ID))
+	require.Equal(t, 1, f.ledgerRows(t, marked.ID))
+
+	f.guard, err = guard.New(guard.Config{Scope: "payments", Store: st})
+	require.NoError(t, err)
+	alone := event("evt_alone", 1)
+	require.Equal(t, guard.OutcomeProcessed, f.process(t, alone))
+	require.Equal(t, guard.OutcomeDuplicatePostgres, f.process(t, alone))
+	require.Equal(t, 1, f.ledgerRows(t, alone.ID))
 }

@@ -18,7 +18,7 @@ import (
 
 // maxNames is the most exported names pkg/... may have. Raise it only with
 // a CHANGELOG line that says what was added and why it must be public.
-const maxNames = 292
+const maxNames = 293
 
 // TestThePublicSurfaceIsSmall counts the exported names of pkg/...: top-level
 // types, functions, variables and constants, plus the exported methods,

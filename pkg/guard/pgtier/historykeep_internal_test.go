@@ -120,16 +120,14 @@ func TestAClaimTakesTheKeptIdentifierOnlyForItsStart(t *testing.T) {
 }
 
 // TestAStoreWithoutMarkersClaimsWithoutTheHistory: a Store made with
-// NoMarkers claims without reading the history (its claims report none),
-// still reads it alone, and says so to the guard.
+// NoMarkers claims without reading the history (its claims report none)
+// and still reads it alone.
 func TestAStoreWithoutMarkersClaimsWithoutTheHistory(t *testing.T) {
 	t.Parallel()
 	pool, _ := testenv.Schema(t)
 	ctx := context.Background()
 	s, err := NewWith(pool, Options{NoMarkers: true})
 	require.NoError(t, err)
-	require.False(t, s.ClaimsReadHistory())
-	require.True(t, New(pool).ClaimsReadHistory())
 	require.Equal(t, "", claimOnce(t, s, "a"))
 	require.NotContains(t, s.claim.Load().sql, "pg_control_system")
 	h, err := s.History(ctx)

@@ -65,8 +65,9 @@ type Options struct {
 	// NoMarkers says that no done marker is ever written or trusted for
 	// this Store's rows: the guard it backs has no fast tier (Redis
 	// disabled). A claim then does not read the database's history, which
-	// only labels and confirms markers (History still reads it). A guard
-	// with a fast tier refuses such a Store.
+	// only labels and confirms markers (History still reads it), and its
+	// claims report the empty history, which confirms no marker: beside a
+	// fast tier, the guard writes no marker and trusts none for them.
 	NoMarkers bool
 }
 
@@ -99,11 +100,6 @@ func (s *Store) keep(k sysKey) {
 	}
 	s.claim.Store(&claimStmt{sql: claimWith(historyCTE(s.skip, &k)), key: &k})
 }
-
-// ClaimsReadHistory reports whether Claim reads the database's history:
-// false for a Store made with Options.NoMarkers, which guard.New refuses
-// beside a fast tier.
-func (s *Store) ClaimsReadHistory() bool { return !s.noMarkers }
 
 // beginQuery starts the guard's transactions. synchronous_commit is pinned
 // on: with it off (in the server's config, the role's, the database's or
