@@ -388,9 +388,10 @@ func (g *Guard) beginClaim(ctx context.Context, b *Batch, named int) (pgx.Tx, []
 	if err != nil {
 		return nil, nil, "", err
 	}
-	if history != "" || g.fast != nil {
-		// Without a fast tier a store may leave the history out of its
-		// claims (pgtier.Options.NoMarkers): nothing to learn from "".
+	if history != "" {
+		// A store may leave the history out of its claims
+		// (pgtier.Options.NoMarkers): nothing to learn from "", and a read
+		// waiting for an answer takes the store's History instead.
 		sh := g.histories[b.shard]
 		sh.saw(ctx, g.log, b.shard, history)
 		sh.observe(sent, history)

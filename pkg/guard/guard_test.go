@@ -3,6 +3,7 @@ package guard_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -257,7 +258,9 @@ func TestAStoreWithoutMarkersIsNeverTrustedByAFastTier(t *testing.T) {
 	require.Equal(t, guard.OutcomeProcessed, f.process(t, marked))
 	require.NoError(t, full.Flush(ctx))
 
-	f.guard, err = guard.New(guard.Config{Scope: "payments", Store: st, Fast: f.fast})
+	var logs testenv.LogBuffer
+	f.guard, err = guard.New(guard.Config{Scope: "payments", Store: st, Fast: f.fast,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	require.NoError(t, err)
 	ev := event("evt_nomarkers", 1)
 	require.Equal(t, guard.OutcomeProcessed, f.process(t, ev))
@@ -271,6 +274,10 @@ func TestAStoreWithoutMarkersIsNeverTrustedByAFastTier(t *testing.T) {
 	require.Equal(t, guard.OutcomeDuplicateRedis, f.process(t, marked))
 	require.Equal(t, 1, f.ledgerRows(t, ev.ID))
 	require.Equal(t, 1, f.ledgerRows(t, marked.ID))
+	// Its claims' empty history, after the read's, is no history at all,
+	// not a change of it.
+	require.Equal(t, guard.OutcomeProcessed, f.process(t, event("evt_after_the_read", 1)))
+	require.NotContains(t, logs.String(), "history changed")
 
 	f.guard, err = guard.New(guard.Config{Scope: "payments", Store: st})
 	require.NoError(t, err)

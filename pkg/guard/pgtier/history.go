@@ -33,10 +33,13 @@ import (
 // of a running one, which has its identifier too (docs/guard.md). Without
 // the start time (HistoryWithout) the identifier is read every time.
 //
-// The database's OID is read from the dedup table's file path
-// (base/OID/NODE, or pg_tblspc/SPACE/VERSION/OID/NODE), a function call,
-// rather than from pg_database, a catalog scan the executor opens on every
-// call; without the file node (HistoryWithout) it is read from the catalog.
+// The database's OID is read from pg_class's file path (base/OID/NODE, or
+// pg_tblspc/SPACE/VERSION/OID/NODE in a database with a tablespace of its
+// own), a function call, rather than from pg_database, a catalog scan the
+// executor opens on every call. pg_class is in every database and always
+// has a file, where a partitioned dedup table would have none. Without the
+// file node (HistoryWithout), which leaves out pg_relation_filepath with
+// it, the OID is read from the catalog.
 // On a standby pg_current_wal_lsn fails, as the claim's INSERT would. The
 // start time is read as epoch seconds, which no session setting formats
 // differently. Every part is the text its type prints, so the value is the
@@ -46,7 +49,7 @@ const (
 	timelinePart = `left(pg_walfile_name(pg_current_wal_lsn()), 8)`
 	startPart    = `extract(epoch FROM pg_postmaster_start_time())::text`
 	dbCatalog    = `(SELECT oid FROM pg_database WHERE datname = current_database())::text`
-	dbPathPart   = `split_part(pg_relation_filepath(to_regclass('idem_processed')), '/', -2)`
+	dbPathPart   = `split_part(pg_relation_filepath('pg_catalog.pg_class'), '/', -2)`
 	filenodePart = `pg_relation_filenode(to_regclass('idem_processed'))`
 )
 

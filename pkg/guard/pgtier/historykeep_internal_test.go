@@ -82,6 +82,22 @@ func TestTheHistoryKeepsItsValue(t *testing.T) {
 			require.Nil(t, s.claim.Load().key, "an identifier kept, without %v", skip)
 		}
 	}
+
+	// A partitioned dedup table has no file of its own: the database's OID
+	// still counts (it is read from pg_class's file path, not the table's).
+	_, err := pool.Exec(ctx, `ALTER TABLE idem_processed RENAME TO idem_processed_flat;
+		CREATE TABLE idem_processed (event_id text) PARTITION BY HASH (event_id)`)
+	require.NoError(t, err)
+	var want, withoutDB string
+	require.NoError(t, pool.QueryRow(ctx, releasedHistory(nil)).Scan(&want))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT left(md5(concat_ws('/', (SELECT system_identifier FROM pg_control_system()),
+		left(pg_walfile_name(pg_current_wal_lsn()), 8), extract(epoch FROM pg_postmaster_start_time()))), 12)`).Scan(&withoutDB))
+	require.NotEqual(t, withoutDB, want, "the database's OID left the history of a partitioned table")
+	s, err := NewWith(pool, Options{})
+	require.NoError(t, err)
+	h, err := s.History(ctx)
+	require.NoError(t, err)
+	require.Equal(t, want, string(h), "History, a partitioned idem_processed")
 }
 
 // TestAClaimTakesTheKeptIdentifierOnlyForItsStart: once a Store keeps the
@@ -117,6 +133,24 @@ func TestAClaimTakesTheKeptIdentifierOnlyForItsStart(t *testing.T) {
 	require.NotContains(t, s.claim.Load().sql, "DROP TABLE", "a value that is not a number went into the statement")
 	require.Equal(t, string(want), claimOnce(t, s, "e"))
 	require.Equal(t, real, *s.claim.Load().key)
+
+	// A read of the history that finds another identifier under the kept
+	// start time (a start time that does not tell servers apart) ends the
+	// keeping for good: every claim reads the control file.
+	h, err := s.History(ctx)
+	require.NoError(t, err)
+	require.Equal(t, want, h)
+	require.Equal(t, real, *s.claim.Load().key, "a read that agrees ended the keeping")
+	s.keep(sysKey{start: real.start, sysid: "42"})
+	h, err = s.History(ctx)
+	require.NoError(t, err)
+	require.Equal(t, want, h)
+	require.Nil(t, s.claim.Load().key, "the keeping went on after another identifier under its start time")
+	require.NotContains(t, s.claim.Load().sql, "'42'")
+	for _, ev := range []string{"f", "g"} {
+		require.Equal(t, string(want), claimOnce(t, s, ev))
+		require.Nil(t, s.claim.Load().key, "an identifier kept again")
+	}
 }
 
 // TestAStoreWithoutMarkersClaimsWithoutTheHistory: a Store made with

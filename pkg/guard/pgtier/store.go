@@ -31,6 +31,9 @@ type Store struct {
 	// claim is the claim statement, with the system identifier it keeps
 	// (see historyCTE), replaced when a claim reads another.
 	claim atomic.Pointer[claimStmt]
+	// unkept: a read of the history found another identifier under the
+	// kept start time, and claims read the control file from then on.
+	unkept atomic.Bool
 }
 
 // claimStmt is a claim statement and the identifier it keeps (nil: none).
@@ -78,6 +81,9 @@ func NewWith(pool *pgxpool.Pool, o Options) (*Store, error) {
 	}
 	skip := slices.Clone(o.HistoryWithout)
 	s := &Store{pool: pool, history: `SELECT ` + historyOf(skip, sysidPart, startPart), skip: skip, noMarkers: o.NoMarkers}
+	if keeps(skip) {
+		s.history += `, ` + sysidPart + `, ` + startPart
+	}
 	hist := historyCTE(skip, nil)
 	if o.NoMarkers {
 		hist = noHistory
@@ -95,10 +101,26 @@ const noHistory = `SELECT ''::text AS history, NULL::text AS sysid_read, NULL::t
 // claim read, while the server's start time is k's, unless it does already.
 func (s *Store) keep(k sysKey) {
 	cur := s.claim.Load()
-	if s.noMarkers || !keeps(s.skip) || (cur.key != nil && *cur.key == k) {
+	if s.noMarkers || !keeps(s.skip) || s.unkept.Load() || (cur.key != nil && *cur.key == k) {
 		return
 	}
 	s.claim.Store(&claimStmt{sql: claimWith(historyCTE(s.skip, &k)), key: &k})
+}
+
+// check compares what a read of the control file found, k, with the
+// identifier kept. Another identifier under the kept start time means the
+// start time does not tell servers apart (a managed service that reports
+// its own), so the Store stops keeping one: every claim reads the control
+// file from then on. The claims before it reported a history that the
+// read's differs from, which confirms none of their markers and which the
+// guard logs as a change of history.
+func (s *Store) check(k sysKey) {
+	cur := s.claim.Load()
+	if cur.key == nil || cur.key.start != k.start || cur.key.sysid == k.sysid {
+		return
+	}
+	s.unkept.Store(true)
+	s.claim.Store(&claimStmt{sql: claimWith(historyCTE(s.skip, nil))})
 }
 
 // beginQuery starts the guard's transactions. synchronous_commit is pinned
@@ -429,8 +451,16 @@ func (s *Store) resolveExisting(ctx context.Context, tx pgx.Tx, scope string, ev
 // value, read in its own statement.
 func (s *Store) History(ctx context.Context) (tier.History, error) {
 	var h string
-	if err := s.pool.QueryRow(ctx, s.history).Scan(&h); err != nil {
+	var k sysKey
+	dest := []any{&h}
+	if keeps(s.skip) {
+		dest = append(dest, &k.sysid, &k.start)
+	}
+	if err := s.pool.QueryRow(ctx, s.history).Scan(dest...); err != nil {
 		return "", fmt.Errorf("read database history: %w", err)
+	}
+	if keeps(s.skip) && !s.noMarkers {
+		s.check(k)
 	}
 	return tier.History(h), nil
 }
