@@ -138,3 +138,64 @@ func TestEnoughEventsScreenedSendTheReadBeforeTheGap(t *testing.T) {
 	answered(1, "read-2")
 	require.Equal(t, 2, s.called())
 }
+
+// doneFast is a fast tier that knows every event as done in history h,
+// with the event's own hash.
+type doneFast struct{ h tier.History }
+
+func (f doneFast) Claim(_ context.Context, _ string, _ tier.History, events []Event) []tier.FastResult {
+	out := make([]tier.FastResult, len(events))
+	for i, ev := range events {
+		out[i] = tier.FastResult{State: tier.FastDone, Hash: ev.Hash, History: f.h}
+	}
+	return out
+}
+func (doneFast) MarkDone(context.Context, string, tier.History, []Event) error { return nil }
+func (doneFast) Release(context.Context, string, []tier.Lease) error           { return nil }
+
+// TestAReadSentAfterTheDeliveryWasHeldConfirmsIt: a batch whose caller
+// says when it held the deliveries (tier.WithHeld, as the consumer does)
+// takes the answer of a read sent after that time, though before the
+// screen, with no read of its own; without it, or held before that read
+// was sent, it waits for a read sent after; a held time later than the
+// screen counts as the screen.
+func TestAReadSentAfterTheDeliveryWasHeldConfirmsIt(t *testing.T) {
+	s := &gatedStore{answers: make(chan tier.History, 4)}
+	g, err := New(Config{Scope: "payments", Store: s, Fast: doneFast{h: "H"}})
+	require.NoError(t, err)
+	ctx := context.Background()
+	confirm := func(ctx context.Context, id string) Outcome {
+		t.Helper()
+		b, err := g.Screen(ctx, []Event{{ID: id, Hash: HashFields(id)}})
+		require.NoError(t, err)
+		require.NoError(t, g.Confirm(ctx, b))
+		return b.res[0].Outcome
+	}
+
+	early := time.Now() // the second delivery is held from here
+	time.Sleep(time.Millisecond)
+	s.answers <- "H"
+	require.Equal(t, OutcomeDuplicateRedis, confirm(ctx, "evt_1")) // sends read 1
+	require.Equal(t, 1, s.called())
+
+	// Held before read 1 was sent, screened after it answered: read 1
+	// counts, no read of its own.
+	require.Equal(t, OutcomeDuplicateRedis, confirm(tier.WithHeld(ctx, early), "evt_2"))
+	require.Equal(t, 1, s.called(), "a read sent after the delivery was held was not taken")
+
+	// Held just after read 1 was sent: read 1 does not count.
+	g.histories[0].mu.Lock()
+	sent := g.histories[0].answered.sent
+	g.histories[0].mu.Unlock()
+	s.answers <- "H"
+	require.Equal(t, OutcomeDuplicateRedis, confirm(tier.WithHeld(ctx, sent.Add(time.Nanosecond)), "evt_3"))
+	require.Equal(t, 2, s.called(), "a read sent before the delivery was held confirmed it")
+
+	// Without a held time, or with one after the screen, the screen counts.
+	s.answers <- "H"
+	require.Equal(t, OutcomeDuplicateRedis, confirm(ctx, "evt_4"))
+	require.Equal(t, 3, s.called())
+	s.answers <- "H"
+	require.Equal(t, OutcomeDuplicateRedis, confirm(tier.WithHeld(ctx, time.Now().Add(time.Hour)), "evt_5"))
+	require.Equal(t, 4, s.called(), "a held time after the screen was taken")
+}
