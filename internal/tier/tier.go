@@ -159,28 +159,6 @@ func ApplyFrom(ctx context.Context) (*Apply, bool) {
 	return a, ok
 }
 
-type heldKey struct{}
-
-// WithHeld returns ctx carrying when the caller of a guard's Screen took
-// the last of the batch's deliveries from the broker (the consumer's clock,
-// read after the delivery was in its hands). A statement sent after it
-// confirms the batch's done markers as well as one sent after the screen:
-// a delivery that a stale marker could drop reached the consumer after the
-// history changed (docs/guard.md), so a read sent between its arrival and
-// its screen already reports the new history. Only the consumer sets it,
-// which is why it is not a field of guard.Event: a time from anywhere else
-// (a producer's timestamp) would confirm markers on a history read before
-// the delivery arrived.
-func WithHeld(ctx context.Context, t time.Time) context.Context {
-	return context.WithValue(ctx, heldKey{}, t)
-}
-
-// HeldFrom returns the time WithHeld put in ctx, if any.
-func HeldFrom(ctx context.Context) (time.Time, bool) {
-	t, ok := ctx.Value(heldKey{}).(time.Time)
-	return t, ok
-}
-
 type destinationsKey struct{}
 
 // WithDestinations returns ctx carrying the outbox destinations a service

@@ -8,27 +8,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemhq/idem/internal/tier"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/guard"
 )
-
-// held returns ctx carrying when the consumer took the last of items from
-// the broker: a read of the store's history sent after it confirms their
-// done markers, though it was sent before they were screened (a delivery a
-// stale marker could drop arrives after the history changed).
-func held[T any](ctx context.Context, items []item[T]) context.Context {
-	var last time.Time
-	for _, it := range items {
-		if it.received.After(last) {
-			last = it.received
-		}
-	}
-	if last.IsZero() {
-		return ctx
-	}
-	return tier.WithHeld(ctx, last)
-}
 
 // screened is a batch after the fast tier.
 type screened[T any] struct {
@@ -209,7 +191,7 @@ func (w *worker[T]) screenShard(ctx context.Context, items []item[T]) (screened[
 	for i, it := range items {
 		events[i] = it.ev
 	}
-	b, err := w.c.guard.Screen(held(ctx, items), events)
+	b, err := w.c.guard.Screen(ctx, events)
 	if err != nil {
 		// Not reached: prepare validated every event. handle decides.
 		return screened[T]{items: items}, nil
@@ -269,7 +251,7 @@ func (w *worker[T]) handleAlone(ctx context.Context, items []item[T]) {
 		w.handle(ctx, items, &hold{})
 		return
 	}
-	b, err := w.c.guard.Screen(held(ctx, items), []guard.Event{items[0].ev})
+	b, err := w.c.guard.Screen(ctx, []guard.Event{items[0].ev})
 	if err != nil {
 		w.handle(ctx, items, &hold{}) // not reached: prepare validated it
 		return

@@ -69,12 +69,10 @@ type Batch struct {
 	// payload, by the history their marker names, until the store confirms
 	// that history (settle): their outcome is not known before.
 	marked map[int]tier.History
-	// held is when the caller held every delivery of the batch: when
-	// Screen began, or earlier, when the consumer took the last of them
-	// from the broker (tier.WithHeld). A history the store reported in a
-	// statement sent after it confirms the batch's markers (see
-	// shardHistory).
-	held time.Time
+	// screened is when Screen began: the caller held every delivery of
+	// the batch by then. A history the store reported in a statement sent
+	// after it confirms the batch's markers (see shardHistory).
+	screened time.Time
 }
 
 // Leased returns the indexes of the events whose ID another consumer holds a
@@ -136,16 +134,13 @@ func (b *Batch) Unconfirmed() []int {
 // Screen began (see Screened): a marker from before a failover or a restore
 // of the database never drops an event the database no longer holds.
 func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
-	held := time.Now()
-	if t, ok := tier.HeldFrom(ctx); ok && t.Before(held) {
-		held = t // never later than the screen
-	}
+	screened := time.Now()
 	for _, ev := range events {
 		if err := ev.Validate(); err != nil {
 			return nil, err
 		}
 	}
-	b := &Batch{events: events, first: make([]int, len(events)), res: make([]Result, len(events)), leases: map[int]tier.Lease{}, held: held}
+	b := &Batch{events: events, first: make([]int, len(events)), res: make([]Result, len(events)), leases: map[int]tier.Lease{}, screened: screened}
 	if len(events) > 0 {
 		b.shard = g.Shard(events[0])
 		for _, ev := range events[1:] {
@@ -234,8 +229,7 @@ func (g *Guard) Screen(ctx context.Context, events []Event) (*Batch, error) {
 }
 
 // Confirm settles the done markers of b that the store confirms, in a read
-// of its history sent after the caller held b's deliveries (when Screen
-// began, or the consumer's earlier time: tier.WithHeld), as duplicates
+// of its history sent after b was screened, as duplicates
 // (OutcomeDuplicateRedis: see Screened), and sends the others to the store
 // (Decide sends them). It is for a batch that sends nothing else to the
 // store: one that does reads the history in its claim, at no cost of its
@@ -584,8 +578,8 @@ func leaseList(m map[int]tier.Lease) []tier.Lease {
 	return out
 }
 
-// confirm takes the history of b's store from a statement sent after b's
-// deliveries were held (a shared read, see shardHistory) and settles the marked events
+// confirm takes the history of b's store from a statement sent after b was
+// screened (a shared read, see shardHistory) and settles the marked events
 // whose marker names it; the others go to the store. A store that does not
 // answer confirms nothing. It is for a batch that claims nothing: one that
 // does reads the history in its claim (processInStore).
@@ -598,12 +592,12 @@ func (g *Guard) confirm(ctx context.Context, b *Batch) {
 	g.settleLate(ctx, b, h)
 }
 
-// readHistory takes the history of b's store from a statement sent after
-// b's deliveries were held.
+// readHistory takes the history of b's store from a statement sent after b
+// was screened.
 func (g *Guard) readHistory(ctx context.Context, b *Batch) (tier.History, error) {
 	sh := g.histories[b.shard]
 	began := time.Now()
-	h, err := sh.since(ctx, g.stores[b.shard], b.held)
+	h, err := sh.since(ctx, g.stores[b.shard], b.screened)
 	g.obs.ObserveStage(ctx, StageHistory, len(b.marked), time.Since(began), err)
 	if err != nil {
 		return "", err

@@ -38,15 +38,13 @@ const historyEnough = 32
 // last is the history the store last reported. It labels the leases the
 // guard takes and lets the log say when the history changed; it never
 // confirms a marker. Only a history the store reported in a statement sent
-// after the marker's batch was held does: a claim's (processInStore) or
-// a read's (confirm). A batch is held once the caller holds its
-// deliveries: when screening begins, or earlier, when the consumer took
-// them from the broker (tier.WithHeld). A delivery that can find a marker
-// the database lacks (a re-send after a restore or a failover) arrives
-// after the database changed its history: any statement sent after it was
-// held sees the new one.
+// after the marker's batch was screened does: a claim's (processInStore) or
+// a read's (confirm). Screening begins after the caller holds the
+// deliveries, and a delivery that can find a marker the database lacks (a
+// re-send after a restore or a failover) arrives after the database changed
+// its history: any statement sent after screening began sees the new one.
 //
-// Reads are shared. A caller whose batch was held at t takes the answer
+// Reads are shared. A caller whose batch was screened at t takes the answer
 // of the latest statement sent after t if one has answered; else it waits
 // for the read in flight if that was sent after t; else it joins the next
 // read, which is sent once the one in flight (if any) has ended and
