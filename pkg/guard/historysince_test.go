@@ -138,3 +138,45 @@ func TestEnoughEventsScreenedSendTheReadBeforeTheGap(t *testing.T) {
 	answered(1, "read-2")
 	require.Equal(t, 2, s.called())
 }
+
+// doneFast is a fast tier that knows every event as done in history h,
+// with the event's own hash.
+type doneFast struct{ h tier.History }
+
+func (f doneFast) Claim(_ context.Context, _ string, _ tier.History, events []Event) []tier.FastResult {
+	out := make([]tier.FastResult, len(events))
+	for i, ev := range events {
+		out[i] = tier.FastResult{State: tier.FastDone, Hash: ev.Hash, History: f.h}
+	}
+	return out
+}
+func (doneFast) MarkDone(context.Context, string, tier.History, []Event) error { return nil }
+func (doneFast) Release(context.Context, string, []tier.Lease) error           { return nil }
+
+// TestAReadAnsweredBeforeTheScreenConfirmsNoMarker: a delivery that waited
+// for a worker while the database failed over (history H to H2) is
+// screened after the change. A read another duplicate sent after the
+// delivery arrived, but answered before the change, must not confirm its
+// marker: only a statement sent after its screen does, and that one
+// answers H2. (A review found a build that dated a batch from the
+// consumer's receipt of its deliveries, which took read 1's H.)
+func TestAReadAnsweredBeforeTheScreenConfirmsNoMarker(t *testing.T) {
+	s := &gatedStore{answers: make(chan tier.History, 4)}
+	g, err := New(Config{Scope: "payments", Store: s, Fast: doneFast{h: "H"}})
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	s.answers <- "H" // read 1, for another duplicate
+	b0, err := g.Screen(ctx, []Event{{ID: "evt_other", Hash: HashFields("evt_other")}})
+	require.NoError(t, err)
+	require.NoError(t, g.Confirm(ctx, b0))
+	require.Equal(t, OutcomeDuplicateRedis, b0.res[0].Outcome)
+	require.Equal(t, 1, s.called())
+
+	s.answers <- "H2" // the failover: read 2 answers the new history
+	b, err := g.Screen(ctx, []Event{{ID: "evt_x", Hash: HashFields("evt_x")}})
+	require.NoError(t, err)
+	require.NoError(t, g.Confirm(ctx, b))
+	require.Equal(t, 2, s.called(), "the delivery screened after read 1 answered took it")
+	require.NotEqual(t, OutcomeDuplicateRedis, b.res[0].Outcome, "a marker of H was trusted on a read answered before the screen")
+}

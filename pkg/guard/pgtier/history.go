@@ -37,7 +37,9 @@ import (
 // pg_tblspc/SPACE/VERSION/OID/NODE in a database with a tablespace of its
 // own), a function call, rather than from pg_database, a catalog scan the
 // executor opens on every call. pg_class is in every database and always
-// has a file, where a partitioned dedup table would have none. Without the
+// has a file. (A partitioned dedup table has no file node, so the history
+// could not see it truncated or restored: idem refuses one at start,
+// layout.ErrPartitionedDedupTable.) Without the
 // file node (HistoryWithout), which leaves out pg_relation_filepath with
 // it, the OID is read from the catalog.
 // On a standby pg_current_wal_lsn fails, as the claim's INSERT would. The

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -168,4 +169,29 @@ func TestAStoreWithoutMarkersClaimsWithoutTheHistory(t *testing.T) {
 	require.NoError(t, err)
 	require.Regexp(t, `^[0-9a-f]{12}$`, string(h))
 	require.Nil(t, s.claim.Load().key)
+}
+
+// TestAKeepRacingACheckNeverKeepsAgain: check ends the keeping for good,
+// even when a claim's keep runs beside it. Without the lock, a keep that
+// saw unkept false stored its keyed statement after check's unkeyed one,
+// a few iterations in. No database: neither touches the pool.
+func TestAKeepRacingACheckNeverKeepsAgain(t *testing.T) {
+	kept := sysKey{start: "1", sysid: "100"}
+	other := sysKey{start: "1", sysid: "200"} // a read: another identifier under the kept start
+	next := sysKey{start: "2", sysid: "300"}  // a claim that read the control file
+	for i := range 2000 {
+		s, err := NewWith(nil, Options{})
+		require.NoError(t, err)
+		s.keep(kept)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		wg.Add(2)
+		go func() { defer wg.Done(); <-start; s.check(other) }()
+		go func() { defer wg.Done(); <-start; s.keep(next) }()
+		close(start)
+		wg.Wait()
+		if s.unkept.Load() {
+			require.Nil(t, s.claim.Load().key, "iteration %d: the keeping ended, yet the claim keeps an identifier", i)
+		}
+	}
 }

@@ -34,6 +34,9 @@ type Store struct {
 	// unkept: a read of the history found another identifier under the
 	// kept start time, and claims read the control file from then on.
 	unkept atomic.Bool
+	// keeping orders keep and check, which replace claim: without it a
+	// keep that saw unkept false could store its statement after check's.
+	keeping sync.Mutex
 }
 
 // claimStmt is a claim statement and the identifier it keeps (nil: none).
@@ -100,27 +103,45 @@ const noHistory = `SELECT ''::text AS history, NULL::text AS sysid_read, NULL::t
 // keep makes the claim statement take the system identifier from k, which a
 // claim read, while the server's start time is k's, unless it does already.
 func (s *Store) keep(k sysKey) {
-	cur := s.claim.Load()
-	if s.noMarkers || !keeps(s.skip) || s.unkept.Load() || (cur.key != nil && *cur.key == k) {
+	if s.noMarkers || !keeps(s.skip) || s.kept(k) {
 		return
 	}
-	s.claim.Store(&claimStmt{sql: claimWith(historyCTE(s.skip, &k)), key: &k})
+	s.keeping.Lock()
+	defer s.keeping.Unlock()
+	if !s.kept(k) {
+		s.claim.Store(&claimStmt{sql: claimWith(historyCTE(s.skip, &k)), key: &k})
+	}
+}
+
+// kept reports whether the claim statement keeps k already, or keeps none
+// for good.
+func (s *Store) kept(k sysKey) bool {
+	cur := s.claim.Load()
+	return s.unkept.Load() || (cur.key != nil && *cur.key == k)
 }
 
 // check compares what a read of the control file found, k, with the
 // identifier kept. Another identifier under the kept start time means the
 // start time does not tell servers apart (a managed service that reports
-// its own), so the Store stops keeping one: every claim reads the control
-// file from then on. The claims before it reported a history that the
-// read's differs from, which confirms none of their markers and which the
-// guard logs as a change of history.
+// its own), so the Store stops keeping one for good: every claim reads the
+// control file from then on. The claims that took the kept identifier
+// reported a history that this read's differs from: the guard logs the
+// change, and a marker written with that history is confirmed by no read
+// or claim from then on.
 func (s *Store) check(k sysKey) {
-	cur := s.claim.Load()
-	if cur.key == nil || cur.key.start != k.start || cur.key.sysid == k.sysid {
+	other := func() bool {
+		cur := s.claim.Load()
+		return cur.key != nil && cur.key.start == k.start && cur.key.sysid != k.sysid
+	}
+	if !other() {
 		return
 	}
-	s.unkept.Store(true)
-	s.claim.Store(&claimStmt{sql: claimWith(historyCTE(s.skip, nil))})
+	s.keeping.Lock()
+	defer s.keeping.Unlock()
+	if other() {
+		s.unkept.Store(true)
+		s.claim.Store(&claimStmt{sql: claimWith(historyCTE(s.skip, nil))})
+	}
 }
 
 // beginQuery starts the guard's transactions. synchronous_commit is pinned
