@@ -406,13 +406,34 @@ func (r *run) deleteQueue(ctx context.Context, wait time.Duration) (string, erro
 	var resent int64
 	rctx := context.WithoutCancel(ctx)
 	for _, pool := range r.pools {
-		n, err := relay.Resend(rctx, pool, relay.Filter{Destination: "receipts"}, relay.Since{At: r.t0}, false)
+		// Another fault may have the database down at this moment (a
+		// pg-restart): the resend is tried again, as an operator would,
+		// for up to resendFor. Resending a row twice only sends its
+		// receipt again, which the receipts consumers drop.
+		n, err := resendReceipts(rctx, pool, r.t0)
 		errs = append(errs, err)
 		resent += n
 	}
 	back := took
 	return fmt.Sprintf("deleted %s after its consumers' broker links were silent for %s; declared again by %s after %s; resent the %d receipts rows sent since the run began",
 		q, silence, by, back, resent), errors.Join(errs...)
+}
+
+// resendFor bounds how long deleteQueue tries its resend again while the
+// database does not answer: longer than any fault that takes it down.
+const resendFor = 60 * time.Second
+
+// resendReceipts resends the receipts rows sent since t0 in pool's
+// database, trying again every half second for up to resendFor.
+func resendReceipts(ctx context.Context, pool *pgxpool.Pool, t0 time.Time) (int64, error) {
+	deadline := time.Now().Add(resendFor)
+	for {
+		n, err := relay.Resend(ctx, pool, relay.Filter{Destination: "receipts"}, relay.Since{At: t0}, false)
+		if err == nil || time.Now().After(deadline) {
+			return n, err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 // declareAgain declares t's queues on a connection of its own.
