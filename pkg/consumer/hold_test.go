@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/internal/broker"
@@ -114,13 +115,19 @@ func TestACancelledPartitionIsConsumedAgain(t *testing.T) {
 	// message go nowhere. Sent again every few seconds (the guard applies
 	// it once), the check is that the partition is consumed at all.
 	sent := time.Time{}
-	require.Eventually(t, func() bool {
+	if !assert.Eventually(t, func() bool {
 		if time.Since(sent) > 3*time.Second {
 			require.NoError(t, r.ch.PublishWithContext(context.Background(), "", q1, false, false, amqpPublishing("e_p1")))
 			sent = time.Now()
 		}
 		return applied.Load() >= 1
-	}, 30*time.Second, 10*time.Millisecond, "the partition was not consumed again")
+	}, 30*time.Second, 10*time.Millisecond, "the partition was not consumed again") {
+		// Once seen in CI: say whether the copies wait in the queue (the
+		// broker did not deliver them) or were taken and not applied.
+		info, err := r.ch.QueueDeclarePassive(q1, true, false, false, false, nil)
+		t.Logf("%s: %+v (err %v); reconnects %d", q1, info, err, r.stats[wire.CounterReconnect].Load())
+		t.FailNow()
+	}
 	require.Never(t, func() bool { return applied.Load() > 1 }, 500*time.Millisecond, 50*time.Millisecond, "applied twice")
 	require.Positive(t, r.stats[wire.CounterReconnect].Load(), "the session did not end")
 }
