@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/internal/broker"
+	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/internal/wire"
 	"github.com/idemhq/idem/pkg/consumer"
@@ -97,6 +98,15 @@ func TestACancelledPartitionIsConsumedAgain(t *testing.T) {
 	var applied atomic.Int32
 	h := idHandler{apply: func(string) error { applied.Add(1); return nil }}
 	var topo broker.Topology
+	// The partition queues are the test's own: deleted once the consumer
+	// has stopped (a cleanup registered before the rig's runs after it).
+	t.Cleanup(func() {
+		for i := range topo.Partitions {
+			if err := sandbox.DeleteQueue(testenv.AMQPURL(), topo.PartitionQueue(i)); err != nil {
+				t.Logf("delete %s: %v", topo.PartitionQueue(i), err)
+			}
+		}
+	})
 	r := startRig(t, h, func(c *consumer.Config) {
 		c.Partitions = 2
 		c.ReconnectBackoff = consumer.Backoff{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}
@@ -125,7 +135,8 @@ func TestACancelledPartitionIsConsumedAgain(t *testing.T) {
 		// Once seen in CI: say whether the copies wait in the queue (the
 		// broker did not deliver them) or were taken and not applied.
 		info, err := r.ch.QueueDeclarePassive(q1, true, false, false, false, nil)
-		t.Logf("%s: %+v (err %v); reconnects %d", q1, info, err, r.stats[wire.CounterReconnect].Load())
+		t.Logf("%s: %+v (err %v); reconnects %d; consumer %+v; settled %v", q1, info, err,
+			r.stats[wire.CounterReconnect].Load(), r.consumerStats(), r.settlements())
 		t.FailNow()
 	}
 	require.Never(t, func() bool { return applied.Load() > 1 }, 500*time.Millisecond, 50*time.Millisecond, "applied twice")
