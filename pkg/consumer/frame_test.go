@@ -52,6 +52,10 @@ func TestALetterAboveTheFrameMaxIsCutNotAConnectionLost(t *testing.T) {
 	require.Equal(t, "s", d.Headers["small"])
 	require.Equal(t, r.queue, d.Headers[wire.HeaderQueue])
 	require.Equal(t, "evt_big", d.MessageId)
+	// The delivery is settled (acked) once the letter's publish is
+	// confirmed, which can be after the letter was read here.
+	require.Eventually(t, func() bool { return r.stats[guard.OutcomeDeadLettered.String()].Load() == 1 },
+		10*time.Second, 10*time.Millisecond, "the delivery was not settled as dead-lettered")
 	require.Zero(t, r.stats[wire.CounterReconnect].Load(), "no connection was lost")
 	require.Equal(t, int64(1), r.stats[guard.OutcomeDeadLettered.String()].Load())
 }
