@@ -34,8 +34,9 @@ type Store struct {
 	// unkept: a read of the history found another identifier under the
 	// kept start time, and claims read the control file from then on.
 	unkept atomic.Bool
-	// keeping orders keep and check, which replace claim: without it a
-	// keep that saw unkept false could store its statement after check's.
+	// keeping orders keep (a claim that read the control file, rare) and
+	// check (a read of the history): without it a keep that saw unkept
+	// false could store its statement after check's.
 	keeping sync.Mutex
 }
 
@@ -103,21 +104,16 @@ const noHistory = `SELECT ''::text AS history, NULL::text AS sysid_read, NULL::t
 // keep makes the claim statement take the system identifier from k, which a
 // claim read, while the server's start time is k's, unless it does already.
 func (s *Store) keep(k sysKey) {
-	if s.noMarkers || !keeps(s.skip) || s.kept(k) {
+	if s.noMarkers || !keeps(s.skip) {
 		return
 	}
 	s.keeping.Lock()
 	defer s.keeping.Unlock()
-	if !s.kept(k) {
-		s.claim.Store(&claimStmt{sql: claimWith(historyCTE(s.skip, &k)), key: &k})
-	}
-}
-
-// kept reports whether the claim statement keeps k already, or keeps none
-// for good.
-func (s *Store) kept(k sysKey) bool {
 	cur := s.claim.Load()
-	return s.unkept.Load() || (cur.key != nil && *cur.key == k)
+	if s.unkept.Load() || (cur.key != nil && *cur.key == k) {
+		return
+	}
+	s.claim.Store(&claimStmt{sql: claimWith(historyCTE(s.skip, &k)), key: &k})
 }
 
 // check compares what a read of the control file found, k, with the
@@ -129,19 +125,14 @@ func (s *Store) kept(k sysKey) bool {
 // change, and a marker written with that history is confirmed by no read
 // or claim from then on.
 func (s *Store) check(k sysKey) {
-	other := func() bool {
-		cur := s.claim.Load()
-		return cur.key != nil && cur.key.start == k.start && cur.key.sysid != k.sysid
-	}
-	if !other() {
-		return
-	}
 	s.keeping.Lock()
 	defer s.keeping.Unlock()
-	if other() {
-		s.unkept.Store(true)
-		s.claim.Store(&claimStmt{sql: claimWith(historyCTE(s.skip, nil))})
+	cur := s.claim.Load()
+	if cur.key == nil || cur.key.start != k.start || cur.key.sysid == k.sysid {
+		return
 	}
+	s.unkept.Store(true)
+	s.claim.Store(&claimStmt{sql: claimWith(historyCTE(s.skip, nil))})
 }
 
 // beginQuery starts the guard's transactions. synchronous_commit is pinned
