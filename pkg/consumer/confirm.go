@@ -14,7 +14,7 @@ import (
 // never runs a batch through the store itself: one whose markers the store
 // did not confirm is decided on a goroutine of its own, so that no
 // duplicate waits behind another event's transaction.
-func (w *worker[T]) confirmStage(c *confirmShard) {
+func (w *worker[T]) confirmStage(c *confirmShard[T]) {
 	var queue []func() bool
 	for {
 		if len(queue) == 0 {
@@ -55,28 +55,45 @@ func (w *worker[T]) confirmLater(ctx context.Context, s screened[T]) {
 			wait++
 			return w.holdInPlace(ctx, items, h, wait, wire.RequeueStoreUnavailable, err)
 		}
-		w.settleConfirmed(ctx, s)
+		w.settleConfirmed(ctx, c, s)
 		return false
 	})
 }
 
-// settleConfirmed acks the duplicates of s that the store confirmed, or, if
-// the store did not confirm the history of some markers, decides s (which
-// sends those to the store and acks the batch whole) on a goroutine of its
-// own: rare, once per key after the database's history changed.
-func (w *worker[T]) settleConfirmed(ctx context.Context, s screened[T]) {
+// settleConfirmed hands the duplicates of s that the store confirmed to c's
+// ack stage, or, if the store did not confirm the history of some markers,
+// decides s (which sends those to the store and acks the batch whole) on a
+// goroutine of its own: rare, once per key after the database's history
+// changed.
+func (w *worker[T]) settleConfirmed(ctx context.Context, c *confirmShard[T], s screened[T]) {
 	settled := s.batch.Screened()
 	if len(settled)+len(s.deferred) < len(s.items) {
 		w.leftovers.Go(func() { w.decide(ctx, s) })
 		return
 	}
-	dups := make([]item[T], len(settled))
-	for k, i := range settled {
-		dups[k] = s.items[i]
+	for _, i := range settled {
+		c.acks.add(s.items[i])
 	}
-	outcomes := make([]guard.Outcome, len(dups))
-	for i := range outcomes {
-		outcomes[i] = guard.OutcomeDuplicateRedis
+}
+
+// ackStage acks the duplicates c's confirm stage settled, every one waiting
+// in one call (one multiple-ack, as far as the deliveries below are
+// settled), until c.acks is closed and empty. One history read confirms
+// every batch screened before it was sent, and the stage settles them in a
+// row; acked on the stage, each batch (each delivery, per event) cost a
+// frame, and the batches behind it waited for the write, and so did the
+// next read, which the stage asks for. The acks are sent while the stage
+// goes on, and those that wait meanwhile go together.
+func (w *worker[T]) ackStage(ctx context.Context, c *confirmShard[T]) {
+	for {
+		dups := c.acks.take()
+		if dups == nil {
+			return
+		}
+		outcomes := make([]guard.Outcome, len(dups))
+		for i := range outcomes {
+			outcomes[i] = guard.OutcomeDuplicateRedis
+		}
+		w.ack(ctx, dups, outcomes)
 	}
-	w.ack(ctx, dups, outcomes)
 }

@@ -7,10 +7,16 @@ import (
 
 // confirmShard is one shard's confirm queue: the settling of each batch
 // of duplicates, which reports whether it must run again (the store did not
-// answer, and the batch is held), and whether the store answered the last.
-type confirmShard struct {
+// answer, and the batch is held), and whether the store answered the last;
+// and the duplicates it confirmed, which ackStage acks together.
+type confirmShard[T any] struct {
 	queue      *confirmQueue[func() (again bool)]
 	unanswered atomic.Bool
+	acks       *confirmQueue[item[T]]
+}
+
+func newConfirmShard[T any]() *confirmShard[T] {
+	return &confirmShard[T]{queue: newConfirmQueue[func() bool](), acks: newConfirmQueue[item[T]]()}
 }
 
 // confirmQueue holds the batches whose every event (deferred ones aside) the

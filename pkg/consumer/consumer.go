@@ -436,11 +436,15 @@ func (w *worker[T]) start(ctx context.Context, deliveries <-chan amqp.Delivery) 
 	// The confirm stage ends after the stages that feed it, once it has
 	// settled every batch they gave it.
 	var confirmers sync.WaitGroup
-	w.confirms = make([]*confirmShard, w.c.guard.Shards())
+	w.confirms = make([]*confirmShard[T], w.c.guard.Shards())
 	for i := range w.confirms {
-		c := &confirmShard{queue: newConfirmQueue[func() bool]()}
+		c := newConfirmShard[T]()
 		w.confirms[i] = c
-		confirmers.Go(func() { w.confirmStage(c) })
+		confirmers.Go(func() {
+			w.confirmStage(c)
+			c.acks.close()
+		})
+		confirmers.Go(func() { w.ackStage(ctx, c) })
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { w.gather(w.intake(deliveries), batches, finished) })

@@ -62,7 +62,7 @@ type worker[T any] struct {
 	// store to confirm their markers (confirmStage); leftovers are the
 	// batches it found markers of another history in, decided on
 	// goroutines of their own.
-	confirms  []*confirmShard
+	confirms  []*confirmShard[T]
 	leftovers sync.WaitGroup
 }
 
