@@ -11,7 +11,12 @@ import (
 // Logger returns a logger that writes to t's log, so that a failing test
 // shows what the code under it said; lines after the test ends are dropped.
 func Logger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return LoggerAt(t, slog.LevelDebug)
+}
+
+// LoggerAt is Logger for the lines at level and above.
+func LoggerAt(t testing.TB, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
 }
 
 type testWriter struct{ t testing.TB }

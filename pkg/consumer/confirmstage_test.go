@@ -67,7 +67,9 @@ func startRigPool[T any](t *testing.T, h consumer.Handler[T], fast guard.FastPat
 		URL: url, Queue: r.queue, Workers: 2, Prefetch: 4, DeliveryLimit: 2,
 		RetryBackoff: consumer.Backoff{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond},
 		Observer:     r,
-		Logger:       slog.New(slog.DiscardHandler),
+		// A failing test shows what the consumer warned of (a trip, a
+		// lost session), beside how Run ended if it ended early.
+		Logger: testenv.LoggerAt(t, slog.LevelInfo),
 	}
 	if tune != nil {
 		tune(&cfg)
@@ -87,7 +89,14 @@ func startRigPool[T any](t *testing.T, h consumer.Handler[T], fast guard.FastPat
 	done := make(chan error, 1)
 	ended := make(chan struct{})
 	r.ended = ended
-	go func() { done <- c.Run(ctx); close(ended) }()
+	go func() {
+		err := c.Run(ctx)
+		if ctx.Err() == nil {
+			cfg.Logger.Error("Run returned before the test stopped it", "err", err)
+		}
+		done <- err
+		close(ended)
+	}()
 	var took time.Duration
 	var stopped atomic.Bool
 	stop := func() time.Duration {
