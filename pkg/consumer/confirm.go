@@ -71,9 +71,11 @@ func (w *worker[T]) settleConfirmed(ctx context.Context, c *confirmShard[T], s s
 		w.leftovers.Go(func() { w.decide(ctx, s) })
 		return
 	}
-	for _, i := range settled {
-		c.acks.add(s.items[i])
+	dups := make([]item[T], len(settled))
+	for k, i := range settled {
+		dups[k] = s.items[i]
 	}
+	c.acks.add(dups...)
 }
 
 // ackStage acks the duplicates c's confirm stage settled, every one waiting

@@ -37,10 +37,10 @@ func newConfirmQueue[E any]() *confirmQueue[E] {
 	return &confirmQueue[E]{wake: make(chan struct{}, 1)}
 }
 
-// add queues s. It never blocks.
-func (q *confirmQueue[E]) add(s E) {
+// add queues s, together: a taker takes them all or none. It never blocks.
+func (q *confirmQueue[E]) add(s ...E) {
 	q.mu.Lock()
-	q.queue = append(q.queue, s)
+	q.queue = append(q.queue, s...)
 	q.mu.Unlock()
 	q.signal()
 }

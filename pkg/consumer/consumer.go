@@ -417,8 +417,9 @@ func (c *Consumer[T]) subscribe(conn *amqp.Connection, prefetch int) (*subscript
 
 // start runs the pipeline on deliveries: gather → screen (one goroutine:
 // decode, Redis) → decide (Workers goroutines: the Postgres transactions),
-// the confirm stage (one goroutine: acks the duplicates Redis knows once the
-// store confirmed their markers' history), and the dead-letter sender. The
+// the confirm stage (a goroutine a shard: settles the duplicates Redis knows
+// once the store confirmed their markers' history, and another acks them),
+// and the dead-letter sender. The
 // returned channel closes once every stage has returned and every letter
 // was sent or handed back.
 func (w *worker[T]) start(ctx context.Context, deliveries <-chan amqp.Delivery) <-chan struct{} {
@@ -441,8 +442,8 @@ func (w *worker[T]) start(ctx context.Context, deliveries <-chan amqp.Delivery) 
 		c := newConfirmShard[T]()
 		w.confirms[i] = c
 		confirmers.Go(func() {
+			defer c.acks.close()
 			w.confirmStage(c)
-			c.acks.close()
 		})
 		confirmers.Go(func() { w.ackStage(ctx, c) })
 	}

@@ -145,7 +145,7 @@ func (w *worker[T]) pass(ctx context.Context, s screened[T], toDecide chan<- scr
 // screen decodes ds, dead-letters what cannot be processed and runs the fast
 // tier over the rest and over carry (items deferred before), one batch per
 // shard the items map to (a transaction cannot span databases). A batch the
-// fast tier knows whole as done is acked by the confirm stage; any other is
+// fast tier knows whole as done is settled by the confirm stage; any other is
 // acked whole once decided, in one multiple-ack, rather than split around
 // deliveries still in progress. It returns at least one batch, and the items it deferred.
 func (w *worker[T]) screen(ctx context.Context, ds []amqp.Delivery, carry []item[T]) ([]screened[T], []item[T]) {
@@ -244,8 +244,8 @@ func (w *worker[T]) screenShard(ctx context.Context, items []item[T]) (screened[
 // handleAlone takes the items of a batch the screen stage left to a decider
 // (one event, or BatchSize 1) to durable outcomes. One event is screened
 // here: the fast tier's round trip runs on the deciders, side by side, and
-// an event it knows as done goes to the confirm stage, which acks it once
-// the store confirms its marker, while this decider takes the next.
+// an event it knows as done goes to the confirm stage, which has it acked
+// once the store confirms its marker, while this decider takes the next.
 func (w *worker[T]) handleAlone(ctx context.Context, items []item[T]) {
 	if len(items) != 1 || w.c.cfg.KeyOrder || isClosed(w.tripped) {
 		w.handle(ctx, items, &hold{})
