@@ -528,8 +528,11 @@ func (r *run) holdHotRows(ctx context.Context, d time.Duration) (string, error) 
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '3s'`); err != nil {
 			return "", err
 		}
+		// Locked in user order, as the consumers' batches lock them:
+		// in any other order, one of them and this deadlocked, and
+		// Postgres ended this one (a CI run's "could not be injected").
 		rows, err := tx.Query(ctx, `SELECT user_id FROM account_balances WHERE user_id IN
-			(SELECT user_id FROM account_balances ORDER BY updated_at DESC LIMIT 3) FOR UPDATE`)
+			(SELECT user_id FROM account_balances ORDER BY updated_at DESC LIMIT 3) ORDER BY user_id FOR UPDATE`)
 		if err != nil {
 			return "", err
 		}
