@@ -19,13 +19,14 @@ func newConfirmShard[T any]() *confirmShard[T] {
 	return &confirmShard[T]{queue: newConfirmQueue[func() bool](), acks: newConfirmQueue[item[T]]()}
 }
 
-// confirmQueue holds the batches whose every event (deferred ones aside) the
-// fast tier knows as done, until the store confirms the history their
-// markers name (guard.Confirm). The screen stage and the deciders add to it
-// and never wait: a duplicate costs the pipeline one Redis round trip, and
-// its ack waits for a history read shared by every batch screened before
-// that read was sent. Every batch in it holds unacked deliveries, so the
-// broker's prefetch bounds it.
+// confirmQueue is a confirm shard's queue, taken whole by one goroutine: of
+// the batches whose every event (deferred ones aside) the fast tier knows as
+// done, until the store confirms the history their markers name
+// (guard.Confirm), and of the duplicates so confirmed, until they are acked.
+// The screen stage and the deciders add batches and never wait: a duplicate
+// costs the pipeline one Redis round trip, and its ack waits for a history
+// read shared by every batch screened before that read was sent. Everything
+// in it holds unacked deliveries, so the broker's prefetch bounds it.
 type confirmQueue[E any] struct {
 	mu     sync.Mutex
 	queue  []E

@@ -419,9 +419,8 @@ func (c *Consumer[T]) subscribe(conn *amqp.Connection, prefetch int) (*subscript
 // decode, Redis) → decide (Workers goroutines: the Postgres transactions),
 // the confirm stage (a goroutine a shard: settles the duplicates Redis knows
 // once the store confirmed their markers' history, and another acks them),
-// and the dead-letter sender. The
-// returned channel closes once every stage has returned and every letter
-// was sent or handed back.
+// and the dead-letter sender. The returned channel closes once every stage
+// has returned and every letter was sent or handed back.
 func (w *worker[T]) start(ctx context.Context, deliveries <-chan amqp.Delivery) <-chan struct{} {
 	// Dead letters are published by a goroutine of their own, so that one
 	// waiting for its confirm (or for a blocked connection to clear) never
