@@ -453,6 +453,7 @@ func (w *worker[T]) start(ctx context.Context, deliveries <-chan amqp.Delivery) 
 		wg.Go(func() {
 			for s := range toDecide {
 				w.decide(ctx, s)
+				w.deciding.Add(-1)
 				if s.gathered {
 					finished <- struct{}{}
 				}

@@ -43,15 +43,23 @@ type screened[T any] struct {
 // confirm stage. An event another consumer holds the lease on is most likely
 // being committed right now: rather than send it to Postgres, where its claim
 // would wait on that transaction, it is deferred once, and screened again
-// with the next batch (or on its own, after deferWait), when Redis will
-// likely know it as done. It never drops it: the second time it goes to the
-// store whatever Redis says.
+// with the next batch, when Redis will likely know it as done. It never
+// drops it: the second time it goes to the store whatever Redis says.
+//
+// Deferred events go on their own, without a next batch, once they have
+// waited a BatchLinger with no batch of this worker being decided, or
+// maxDeferLingers of them in any case. While a batch is being decided, the lease is most likely its
+// own, and the next batch most likely waits only for the broker's window,
+// which that batch holds: sent alone then, the deferred events would be a
+// transaction of their own whose claims wait on that batch's rows.
 func (w *worker[T]) screenStage(ctx context.Context, batches <-chan []amqp.Delivery, toDecide chan<- screened[T], finished chan<- struct{}) {
 	defer close(toDecide)
 	deferWait := w.c.cfg.BatchLinger
+	maxWait := maxDeferLingers * deferWait
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	var carry []item[T]
+	var carried time.Time // when carry was deferred
 	// With KeyOrder: the last batch handed out that holds each key. A key
 	// whose batch finished is dropped from it once it outgrows what can be
 	// in flight, so that it never holds every key ever seen.
@@ -92,11 +100,16 @@ func (w *worker[T]) screenStage(ctx context.Context, batches <-chan []amqp.Deliv
 			}
 			ds = b
 		case <-timer.C:
+			if w.deciding.Load() > 0 && time.Since(carried) < maxWait {
+				continue // wait on for the next batch
+			}
 			gathered = false // the carried items alone
 		}
 		timer.Stop()
 		ss, deferred := w.screen(ctx, ds, carry)
-		carry = deferred
+		if carry = deferred; len(carry) > 0 {
+			carried = time.Now()
+		}
 		for i, s := range ss {
 			// The gatherer counts batches in flight: one report per
 			// gathered batch, however many shards it was split over.
@@ -106,6 +119,12 @@ func (w *worker[T]) screenStage(ctx context.Context, batches <-chan []amqp.Deliv
 		}
 	}
 }
+
+// maxDeferLingers bounds, in BatchLingers, how long deferred events wait for
+// a next batch while batches of their worker are being decided
+// (screenStage): 100 ms by default, many times a batch's transaction on a
+// loaded machine.
+const maxDeferLingers = 20
 
 // isClosed reports whether ch is closed.
 func isClosed(ch <-chan struct{}) bool {
@@ -134,6 +153,7 @@ func (w *worker[T]) pass(ctx context.Context, s screened[T], toDecide chan<- scr
 	if s.confirm {
 		w.confirmLater(ctx, s)
 	} else if !s.done {
+		w.deciding.Add(1)
 		toDecide <- s
 		return
 	}

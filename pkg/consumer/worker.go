@@ -64,6 +64,10 @@ type worker[T any] struct {
 	// goroutines of their own.
 	confirms  []*confirmShard[T]
 	leftovers sync.WaitGroup
+	// deciding counts the batches handed to the deciders and not yet
+	// decided; the screen stage holds its deferred events while any is
+	// (screenStage).
+	deciding atomic.Int64
 }
 
 // keyHolds keeps a key held, with Config.KeyOrder, once one of its events
