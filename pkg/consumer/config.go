@@ -110,7 +110,10 @@ type Config struct {
 	// deliveries before it goes while no other batch is in flight; while
 	// one is, it waits up to three times as long, so that a free worker
 	// takes a fuller batch. A batch goes at once when it fills. It bounds
-	// the latency batching adds. Defaults to 5ms.
+	// the latency batching adds, but for an event set aside because
+	// another consumer held its Redis lease: that one waits for the next
+	// batch, up to 20 times as long while batches of this consumer are
+	// being decided. Defaults to 5ms.
 	BatchLinger time.Duration
 	// KeyOrder applies the events of one key (guard.Event.ShardKey; every
 	// event shares the empty key) in the order this consumer received them:

@@ -94,6 +94,10 @@ func TestDeferredEventsWaitForTheBatchThatHoldsTheirLease(t *testing.T) {
 	for end := time.Now().Add(8 * linger); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 		require.Zero(t, waiters(), "the deferred copies went to the store on their own while their lease's batch was being decided")
 	}
+	// The wait is bounded: with the batch still held, the copies go to the
+	// store after 20 lingers, where their claims wait on its rows.
+	require.Eventually(t, func() bool { return waiters() > 0 }, 10*time.Second, 5*time.Millisecond,
+		"the deferred copies waited for their lease's batch without bound")
 	release()
 
 	require.Eventually(t, func() bool {

@@ -46,12 +46,15 @@ type screened[T any] struct {
 // with the next batch, when Redis will likely know it as done. It never
 // drops it: the second time it goes to the store whatever Redis says.
 //
-// Deferred events go on their own, without a next batch, once they have
-// waited a BatchLinger with no batch of this worker being decided, or
-// maxDeferLingers of them in any case. While a batch is being decided, the lease is most likely its
-// own, and the next batch most likely waits only for the broker's window,
-// which that batch holds: sent alone then, the deferred events would be a
-// transaction of their own whose claims wait on that batch's rows.
+// Deferred events go on their own, without a next batch, when a BatchLinger
+// timer fires and finds no batch of this worker being decided, or once they
+// have waited maxDeferLingers. While a batch is being decided, the lease is
+// most likely its own, and the next batch most likely waits only for the
+// broker's window, which that batch holds: sent alone then, the deferred
+// events would be a transaction of their own whose claims wait on that
+// batch's rows. The wait scales with BatchLinger, which is unbounded; with
+// a linger of 10 ms or more it may outlast the acker's hold (ackHold), and
+// the acks held above the deferred deliveries then go a frame each.
 func (w *worker[T]) screenStage(ctx context.Context, batches <-chan []amqp.Delivery, toDecide chan<- screened[T], finished chan<- struct{}) {
 	defer close(toDecide)
 	deferWait := w.c.cfg.BatchLinger
