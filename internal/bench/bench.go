@@ -306,7 +306,14 @@ func (b *bencher) runRow(ctx context.Context, row Row, bin string, run int) (run
 	b.checkpoint(ctx)
 	waitQuiet(10 * time.Second)
 	// The inspector's connection is opened by its first look, before the
-	// workers start, so that its dial is not timed.
+	// workers start, so that its dial is not timed. The latency row
+	// publishes its stream only once they consume: its queue is declared
+	// here, for that look.
+	if row.Latency {
+		if err := declareTopology(b.o.AMQPURL, topo); err != nil {
+			return runResult{}, err
+		}
+	}
 	queues := sandbox.NewInspector(b.o.AMQPURL)
 	defer queues.Close()
 	if _, err := queues.Consumers(topo.Queue); err != nil {
@@ -608,6 +615,24 @@ func waitConsumed(ctx context.Context, queues *sandbox.Inspector, queue string, 
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
+}
+
+// declareTopology declares t's queue and exchanges, as its publisher and
+// consumers do.
+func declareTopology(url string, t broker.Topology) error {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return fmt.Errorf("bench: declare %s: %w", t.Queue, err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err == nil {
+		err = t.Declare(ch)
+	}
+	if err != nil {
+		return fmt.Errorf("bench: declare %s: %w", t.Queue, err)
+	}
+	return nil
 }
 
 func deleteQueue(url string, t broker.Topology) {

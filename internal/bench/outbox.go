@@ -207,16 +207,7 @@ func (b *outboxBench) schema(ctx context.Context, name string, sets ...migration
 // declare declares a quorum queue of the run's own and returns a cleanup.
 func (b *outboxBench) declare(name string) (func(), error) {
 	t := broker.TopologyFor(name, 0)
-	conn, err := amqp.Dial(b.o.AMQPURL)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return nil, err
-	}
-	if err := t.Declare(ch); err != nil {
+	if err := declareTopology(b.o.AMQPURL, t); err != nil {
 		return nil, err
 	}
 	return func() { deleteQueue(b.o.AMQPURL, t) }, nil
