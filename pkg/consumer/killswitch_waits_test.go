@@ -107,9 +107,18 @@ func TestAPoisonHoldingAHotRowTripsNothing(t *testing.T) {
 // healed. A store that does not answer is not the events' doing: they are
 // held as the store unreachable, the switch never trips, and every event
 // is applied once after the link heals.
+//
+// The handler timeout is 3 s: at 1 s, on a machine loaded by the rest of
+// the suite under -race, transactions begun before the blackhole ran out
+// of time on a store that answered (a CI run: four handler timeouts, a
+// ping that answered, and a trip), which is the switch's job, not this
+// test's subject. The handler ends with a statement after its wait, so
+// that the transactions in flight hang in the handler's statements, not
+// only in the guard's: without it, this test passed with the store's ping
+// (storeAnswers) taken out.
 func TestASilentStoreLinkTripsNothing(t *testing.T) {
 	t.Parallel()
-	const handlerTimeout = time.Second
+	const handlerTimeout = 3 * time.Second
 	faults := sandbox.StartFaults()
 	t.Cleanup(faults.Close)
 	var link *sandbox.Link
@@ -147,7 +156,8 @@ func TestASilentStoreLinkTripsNothing(t *testing.T) {
 }
 
 // slowHandler writes the event's ledger row, then takes d more in its
-// transaction, so that transactions are in flight when a link goes silent.
+// transaction and runs one more statement, so that transactions are in
+// flight, in the handler's statements, when a link goes silent.
 type slowHandler struct{ d time.Duration }
 
 func (slowHandler) Decode(m consumer.Message) (guard.Event, string, error) {
@@ -160,8 +170,11 @@ func (h slowHandler) Apply(ctx context.Context, tx pgx.Tx, id string) error {
 	}
 	select {
 	case <-time.After(h.d):
-		return nil
 	case <-ctx.Done():
 		return errors.Join(errors.New("slow handler"), ctx.Err())
 	}
+	// A second statement, so that a transaction in flight when the link
+	// goes silent most likely hangs in the handler's own statement.
+	_, err := tx.Exec(ctx, `SELECT 1`)
+	return err
 }
