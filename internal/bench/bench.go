@@ -310,7 +310,7 @@ func (b *bencher) runRow(ctx context.Context, row Row, bin string, run int) (run
 	// publishes its stream only once they consume: its queue is declared
 	// here, for that look.
 	if row.Latency {
-		if err := declareTopology(b.o.AMQPURL, topo); err != nil {
+		if err := sandbox.DeclareTopology(b.o.AMQPURL, topo); err != nil {
 			return runResult{}, err
 		}
 	}
@@ -615,24 +615,6 @@ func waitConsumed(ctx context.Context, queues *sandbox.Inspector, queue string, 
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
-}
-
-// declareTopology declares t's queue and exchanges, as its publisher and
-// consumers do.
-func declareTopology(url string, t broker.Topology) error {
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		return fmt.Errorf("bench: declare %s: %w", t.Queue, err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err == nil {
-		err = t.Declare(ch)
-	}
-	if err != nil {
-		return fmt.Errorf("bench: declare %s: %w", t.Queue, err)
-	}
-	return nil
 }
 
 func deleteQueue(url string, t broker.Topology) {

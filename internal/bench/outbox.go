@@ -207,7 +207,7 @@ func (b *outboxBench) schema(ctx context.Context, name string, sets ...migration
 // declare declares a quorum queue of the run's own and returns a cleanup.
 func (b *outboxBench) declare(name string) (func(), error) {
 	t := broker.TopologyFor(name, 0)
-	if err := declareTopology(b.o.AMQPURL, t); err != nil {
+	if err := sandbox.DeclareTopology(b.o.AMQPURL, t); err != nil {
 		return nil, err
 	}
 	return func() { deleteQueue(b.o.AMQPURL, t) }, nil

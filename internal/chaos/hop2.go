@@ -395,7 +395,7 @@ func (r *run) deleteQueue(ctx context.Context, wait time.Duration) (string, erro
 			back = true
 		case time.Since(start) > wait || ctx.Err() != nil || conn.IsClosed():
 			by, back = "the run", true
-			if derr := declareAgain(r.publishURL(), t); derr != nil {
+			if derr := sandbox.DeclareTopology(r.publishURL(), t); derr != nil {
 				errs = append(errs, fmt.Errorf("declare %s again: %w", q, derr))
 			}
 		default:
@@ -434,18 +434,4 @@ func resendReceipts(ctx context.Context, pool *pgxpool.Pool, t0 time.Time) (int6
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-}
-
-// declareAgain declares t's queues on a connection of its own.
-func declareAgain(amqpURL string, t broker.Topology) error {
-	conn, err := amqp.Dial(amqpURL)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	return t.Declare(ch)
 }

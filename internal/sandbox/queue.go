@@ -6,6 +6,8 @@ import (
 	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemhq/idem/internal/broker"
 )
 
 // ErrNoQueue means the queue does not exist.
@@ -96,6 +98,24 @@ func (in *Inspector) Close() {
 		in.conn.Close()
 		in.conn, in.ch = nil, nil
 	}
+}
+
+// DeclareTopology declares t's queues and exchanges on a connection of its
+// own, as its publishers and consumers do.
+func DeclareTopology(amqpURL string, t broker.Topology) error {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return fmt.Errorf("sandbox: declare %s: %w", t.Queue, err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err == nil {
+		err = t.Declare(ch)
+	}
+	if err != nil {
+		return fmt.Errorf("sandbox: declare %s: %w", t.Queue, err)
+	}
+	return nil
 }
 
 // DeleteQueue deletes queue with the dead-letter queue and exchange idem
