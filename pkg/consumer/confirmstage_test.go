@@ -163,6 +163,15 @@ func waitForMarkers(t *testing.T, rdb *redis.Client, prefix string, ids ...strin
 	}, 10*time.Second, 5*time.Millisecond, "the done markers were never written")
 }
 
+// blockedBy counts the sessions waiting on a lock the backend pid holds.
+func blockedBy(t *testing.T, pool *pgxpool.Pool, pid int) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))`, pid).Scan(&n))
+	return n
+}
+
 // lockRows begins a transaction on r.pool that inserts the dedup rows of ids
 // and holds them (another consumer's transaction in progress), until the
 // returned func rolls it back. waiters counts the sessions waiting on it.
@@ -173,11 +182,7 @@ func lockRows(t *testing.T, r *rig, ids ...string) (release func(), waiters func
 	require.NoError(t, err)
 	var pid int
 	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
-	waiters = func() int {
-		var n int
-		require.NoError(t, r.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&n))
-		return n
-	}
+	waiters = func() int { return blockedBy(t, r.pool, pid) }
 	for _, id := range ids {
 		_, err := tx.Exec(ctx, `INSERT INTO idem_processed (scope, event_id, payload_hash) VALUES ('svc', $1, $2)`,
 			id, guard.HashFields("body of "+id))

@@ -2,7 +2,6 @@ package consumer_test
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -85,12 +84,7 @@ func TestDeferredEventsWaitForTheBatchThatHoldsTheirLease(t *testing.T) {
 	// Sent on their own, the copies would wait on the held batch's rows a
 	// BatchLinger after their deferral. They may go after 20 lingers (1 s)
 	// at most, so that 8 lingers of none is well inside it.
-	waiters := func() int {
-		var n int
-		require.NoError(t, r.pool.QueryRow(context.Background(),
-			`SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))`, h.pid.Load()).Scan(&n))
-		return n
-	}
+	waiters := func() int { return blockedBy(t, r.pool, int(h.pid.Load())) }
 	for end := time.Now().Add(8 * linger); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 		require.Zero(t, waiters(), "the deferred copies went to the store on their own while their lease's batch was being decided")
 	}
@@ -108,8 +102,5 @@ func TestDeferredEventsWaitForTheBatchThatHoldsTheirLease(t *testing.T) {
 		return n == 8
 	}, 30*time.Second, 5*time.Millisecond)
 	require.Equal(t, int64(4), r.stats["processed"].Load())
-	var rows, distinct int
-	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT event_id) FROM ledger`).Scan(&rows, &distinct))
-	require.Equal(t, 4, rows)
-	require.Equal(t, 4, distinct, fmt.Sprint("ledger rows: ", rows))
+	r.requireLedger(4)
 }
