@@ -135,9 +135,10 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 			return nil, err
 		}
 	}
-	// The baseline's idem rows run right after the same row with ours, on
-	// the same stream, so that the two builds alternate row by row and
-	// share whatever the machine does meanwhile. The raw rows run once: a
+	// The baseline's idem rows run beside the same row with ours, on the
+	// same stream, so that the two builds alternate row by row and share
+	// whatever the machine does meanwhile; which of the two goes first
+	// alternates from run to run (runOrder). The raw rows run once: a
 	// consume-and-ack loop is the machine's ceiling, not the build's.
 	var all []*series
 	for _, row := range rows {
@@ -149,7 +150,7 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	// Runs go round the rows, so that a slow spell of the machine (a
 	// checkpoint, say) lands on every row alike rather than on one.
 	for run := range o.Runs {
-		for i, s := range all {
+		for i, s := range runOrder(all, run) {
 			b.progress("[run %d/%d, row %d/%d] %s", run+1, o.Runs, i+1, len(all), s.label())
 			r, err := b.runRow(ctx, s.row, s.bin, run)
 			if err != nil {
@@ -166,6 +167,25 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	}
 	ratios(results)
 	return results, nil
+}
+
+// runOrder is the order the series of all run in, in run number run: as
+// listed in even runs, and in odd runs with each row's baseline series
+// ahead of the one with this build, so that neither build always runs
+// second, on what the first left behind (Redis's keys, the WAL, a
+// checkpoint it set off), nor always first.
+func runOrder(all []*series, run int) []*series {
+	out := slices.Clone(all)
+	if run%2 == 0 {
+		return out
+	}
+	for i := 0; i+1 < len(out); i++ {
+		if out[i+1].build == BuildBaseline && out[i+1].row.Name == out[i].row.Name {
+			out[i], out[i+1] = out[i+1], out[i]
+			i++
+		}
+	}
+	return out
 }
 
 // remotePostgres puts a link with Options.PGLatency of round trip in front

@@ -57,6 +57,29 @@ func TestEveryRowHasItsBaseline(t *testing.T) {
 	require.Len(t, Rows(0), len(Rows(time.Millisecond))-8)
 }
 
+func TestBuildsTakeTurnsToGoFirst(t *testing.T) {
+	raw, on, off := Row{Name: "raw"}, Row{Name: "on"}, Row{Name: "off"}
+	all := []*series{
+		{row: raw},
+		{row: on}, {row: on, build: BuildBaseline},
+		{row: off}, {row: off, build: BuildBaseline},
+	}
+	labels := func(run int) []string {
+		var out []string
+		for _, s := range runOrder(all, run) {
+			out = append(out, s.label())
+		}
+		return out
+	}
+	this := []string{"raw", "on", "on (baseline)", "off", "off (baseline)"}
+	swapped := []string{"raw", "on (baseline)", "on", "off (baseline)", "off"}
+	require.Equal(t, this, labels(0))
+	require.Equal(t, swapped, labels(1))
+	require.Equal(t, this, labels(2))
+	require.Equal(t, swapped, labels(3))
+	require.Equal(t, "on", all[1].label(), "runOrder leaves all as it was")
+}
+
 func TestBaselineCausesAndRedisTables(t *testing.T) {
 	rows := map[string]Row{}
 	for _, r := range Rows(time.Millisecond) {
