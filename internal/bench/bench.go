@@ -52,8 +52,8 @@ type Options struct {
 	// remote rows out.
 	PGLatency time.Duration
 	// BaselineBin, if set, is an idem-lab built from an earlier commit:
-	// every idem row also runs with its bench-workers, right after the
-	// same row with Bin's, in every run.
+	// every idem row also runs with its bench-workers, beside the same
+	// row with Bin's, in every run; which goes first alternates (runOrder).
 	BaselineBin string
 	// Profile writes a CPU profile of every worker into Dir.
 	Profile  bool

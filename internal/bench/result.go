@@ -295,7 +295,7 @@ func printBaseline(w io.Writer, results []Result) {
 	if !slices.ContainsFunc(results, func(r Result) bool { return r.Build == BuildBaseline }) {
 		return
 	}
-	fmt.Fprintln(w, "\nThis build against the baseline (--baseline-bin), each row's two builds run one after the other in every run")
+	fmt.Fprintln(w, "\nThis build against the baseline (--baseline-bin), each row's two builds run one after the other in every run, taking turns to go first")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| row | msg/s (this build) | msg/s (baseline) | this/baseline (median of the per-run ratios) | CPU µs/msg total: this vs baseline | Postgres trips/msg: this vs baseline | start-up ms: this vs baseline |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")

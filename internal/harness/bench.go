@@ -46,8 +46,9 @@ median of the per-run ratios of their throughputs.
 
 With --baseline-bin, an idem-lab built from an earlier commit (make bench
 builds one of BASELINE, by default HEAD, with .ci/build-baseline.sh), every
-idem row also runs with the baseline's bench-workers, right after the same
-row with this build's, on the same stream, in every run; a table sets the
+idem row also runs with the baseline's bench-workers, beside the same row
+with this build's, on the same stream, in every run (the baseline's first
+in every second run); a table sets the
 two builds side by side (throughput, the median of the per-run ratios, CPU
 and Postgres round trips per message, start-up), and the Redis table gets the
 baseline's column. The schemas are made by this build's migrations for
