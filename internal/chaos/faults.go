@@ -263,10 +263,14 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 		}
 		return fmt.Sprintf("a broker connection cut %s", where), nil
 	case RabbitKill:
-		node := r.rabbitTarget()
+		node, held := r.rabbitTarget(ctx)
 		node.Kill()
 		hold()
-		return fmt.Sprintf("rabbitmq node %s killed, down for %s", node.Name, p.For), node.Start(2 * time.Minute)
+		what := fmt.Sprintf("%d of the fleet's consume connections", held)
+		if held < 0 {
+			what = "no consume connection of the fleet's that rabbitmqctl saw"
+		}
+		return fmt.Sprintf("rabbitmq node %s killed, holding %s, down for %s", node.Name, what, p.For), node.Start(2 * time.Minute)
 	}
 	return "", fmt.Errorf("unknown fault kind %q", p.Kind)
 }
@@ -397,37 +401,50 @@ func (r *run) consuming(name string) bool {
 	return ours && !strings.HasSuffix(name, broker.PublishingConnectionSuffix)
 }
 
-// rabbitTarget is the node a rabbit-kill stops: the leader of the first
-// partition queue, unless that is the publisher's node; then another.
-func (r *run) rabbitTarget() *sandbox.RabbitNode {
-	// The node that holds the most consume connections of the fleet's
-	// (a consumer may be restarting at that moment: a node whose only
-	// consumer was showed no reconnect), the work queue's leader on a tie.
+// rabbitTarget is the node a rabbit-kill stops, and how many of the
+// fleet's consume connections it holds (-1: not known): the node that
+// holds the most, the first partition queue's leader on a tie, never the
+// publisher's. A consumer may be restarting at that moment (the run kills
+// them at every crash point), and a node whose only consumer was showed no
+// reconnect: while no node holds one, it asks again, for up to
+// rabbitTargetWait, before it falls back to the leader.
+func (r *run) rabbitTarget(ctx context.Context) (*sandbox.RabbitNode, int) {
 	leader, _ := r.rabbit.Leader(r.workQueues()[0])
-	if by, err := r.rabbit.Connections(r.consuming); err == nil {
-		var best *sandbox.RabbitNode
-		for _, n := range r.rabbit.Nodes {
-			if n == r.pubNode || by[n.Name] == 0 {
-				continue
+	deadline := time.Now().Add(rabbitTargetWait)
+	for {
+		if by, err := r.rabbit.Connections(r.consuming); err == nil {
+			var best *sandbox.RabbitNode
+			for _, n := range r.rabbit.Nodes {
+				if n == r.pubNode || by[n.Name] == 0 {
+					continue
+				}
+				if best == nil || by[n.Name] > by[best.Name] || (by[n.Name] == by[best.Name] && n == leader) {
+					best = n
+				}
 			}
-			if best == nil || by[n.Name] > by[best.Name] || (by[n.Name] == by[best.Name] && n == leader) {
-				best = n
+			if best != nil {
+				return best, by[best.Name]
 			}
 		}
-		if best != nil {
-			return best
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			break
 		}
+		time.Sleep(500 * time.Millisecond)
 	}
 	if leader != nil && leader != r.pubNode {
-		return leader
+		return leader, -1
 	}
 	for _, n := range r.rabbit.Nodes {
 		if n != r.pubNode {
-			return n
+			return n, -1
 		}
 	}
-	return r.rabbit.Nodes[0]
+	return r.rabbit.Nodes[0], -1
 }
+
+// rabbitTargetWait bounds how long a rabbit-kill waits for a node that
+// holds a consume connection of the fleet's.
+const rabbitTargetWait = 10 * time.Second
 
 // Sample is the fleet's state at one moment of the run.
 type Sample struct {

@@ -69,7 +69,7 @@ var Describe = map[Kind]string{
 	RedisLatency:   "pg-latency on the links to Redis (not with --cluster)",
 	AMQPBlackhole:  "pg-blackhole on the links to the broker: consume, publishing and relay connections",
 	AMQPReset:      "pg-reset on the links to the broker",
-	RabbitKill:     "--cluster only: SIGKILL the RabbitMQ node that holds the most of the fleet's consuming connections (the first partition queue's leader on a tie), restart it seconds later",
+	RabbitKill:     "--cluster only: SIGKILL the RabbitMQ node that holds the most of the fleet's consuming connections (the first partition queue's leader on a tie, or if none is seen within 10s), restart it seconds later",
 	HTTPFail:       "second hop: the API answers 503 for seconds",
 	HTTPSlow:       "second hop: the API acts on each request but answers only after the relay's timeout, for seconds",
 	HTTP401:        "second hop: the API answers 401 to every request for seconds, as after a credential rotated under the relays: they pause the destination (no attempt spent), probe it with one row and resume by themselves; not one row may go dead",

@@ -331,24 +331,37 @@ func (c *RabbitCluster) Leader(queue string) (*RabbitNode, error) {
 }
 
 // Connections counts, by node name, the connections whose client-provided
-// name match accepts, asking a node that runs.
+// name match accepts, asking a node that runs. A connection's node is the
+// one whose AMQP port it reached (rabbitmqctl's list_connections has no
+// node column): each node of the cluster listens on a port of its own.
 func (c *RabbitCluster) Connections(match func(name string) bool) (map[string]int, error) {
+	byPort := map[string]string{}
+	for _, n := range c.Nodes {
+		byPort[strconv.Itoa(n.Port)] = n.Name
+	}
+	var last error
 	for _, n := range c.Nodes {
 		if !n.Running() {
 			continue
 		}
-		out, err := exec.Command("rabbitmqctl", "-q", "-n", n.Name, "list_connections", "--no-table-headers", "node", "client_properties").Output()
+		out, err := exec.Command("rabbitmqctl", "-q", "-n", n.Name, "list_connections", "--no-table-headers", "port", "client_properties").CombinedOutput()
 		if err != nil {
+			last = fmt.Errorf("sandbox: list_connections on %s: %w: %s", n.Name, err, tail(out, 300))
 			continue
 		}
 		by := map[string]int{}
 		for _, line := range strings.Split(string(out), "\n") {
-			node, props, ok := strings.Cut(line, "\t")
+			port, props, ok := strings.Cut(line, "\t")
 			if m := connName.FindStringSubmatch(props); ok && m != nil && match(m[1]) {
-				by[strings.TrimSpace(node)]++
+				if node, ok := byPort[strings.TrimSpace(port)]; ok {
+					by[node]++
+				}
 			}
 		}
 		return by, nil
+	}
+	if last != nil {
+		return nil, last
 	}
 	return nil, errors.New("sandbox: no running node answered")
 }

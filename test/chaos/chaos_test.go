@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,7 +84,13 @@ func TestChaosClusterCI(t *testing.T) {
 	if reconnects == 0 {
 		reconnects = int64(logLines(t, dir, "amqp session ended, reconnecting"))
 	}
-	require.Positive(t, reconnects, "the killed node's consumers must reconnect")
+	var kills []string
+	for _, f := range res.Faults {
+		if f.Kind == chaos.RabbitKill {
+			kills = append(kills, fmt.Sprintf("%.1fs–%.1fs: %s", f.Start, f.End, f.Detail))
+		}
+	}
+	require.Positive(t, reconnects, "the killed node's consumers must reconnect; the kills: %v", kills)
 }
 
 // TestChaosCI runs `idem-lab chaos` with the CI scenario: 4 consumers, 40
