@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -117,4 +118,26 @@ func TestDelayProxyAddsTheDelayEachWay(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, best, 10*time.Millisecond, "a round trip through the proxy must cost both delays")
 	require.Less(t, best, 100*time.Millisecond)
+}
+
+// Connections counts, by node, the connections whose name matches: a
+// chaos run's rabbit-kill picks the node that holds the most consumers by
+// it, and a count that misses them makes it kill a node no consumer is on.
+func TestClusterConnectionsCountsThoseNamedByNode(t *testing.T) {
+	t.Parallel()
+	if _, err := sandbox.CloseConnections("probe-", "probe"); err == sandbox.ErrNoRabbitmqctl {
+		t.Skip(err)
+	}
+	mq, err := sandbox.StartRabbitCluster(1, 2*time.Minute)
+	require.NoError(t, err)
+	t.Cleanup(mq.Remove)
+	prefix := testenv.Name(t) + "-"
+	for _, name := range []string{prefix + "a", prefix + "b", "other"} {
+		c, err := amqp.DialConfig(mq.Nodes[0].URL(), amqp.Config{Properties: amqp.Table{"connection_name": name}})
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+	}
+	by, err := mq.Connections(func(name string) bool { return strings.HasPrefix(name, prefix) })
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{mq.Nodes[0].Name: 2}, by)
 }
