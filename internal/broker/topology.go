@@ -117,10 +117,13 @@ func (t Topology) QueueFor(key string) string {
 	return t.PartitionQueue(partition.Of(key, t.Partitions))
 }
 
-// Declare creates the exchange and queues if they do not exist. It is
-// idempotent and safe to run from every consumer and publisher at start.
-// Every partition shares the one dead-letter queue.
-func (t Topology) Declare(ch *amqp.Channel) error {
+// DeclareDeadLetter creates the dead-letter exchange and queue, bound, if
+// they do not exist: what a session's publishing connection needs, and
+// only that. It leaves the work queues alone, so that a publishing
+// connection never declares again a queue deleted a moment before (while
+// the broker was still cancelling its consumer: RabbitMQ 3.10 then left
+// that consumer registered on a queue that delivered nothing).
+func (t Topology) DeclareDeadLetter(ch *amqp.Channel) error {
 	if err := ch.ExchangeDeclare(t.DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declare exchange %q: %w", t.DeadLetterExchange, err)
 	}
@@ -131,6 +134,16 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 	}
 	if err := ch.QueueBind(t.DeadLetterQueue, t.DeadLetterQueue, t.DeadLetterExchange, false, nil); err != nil {
 		return fmt.Errorf("bind queue %q: %w", t.DeadLetterQueue, err)
+	}
+	return nil
+}
+
+// Declare creates the exchange and queues if they do not exist. It is
+// idempotent and safe to run from every consumer and publisher at start.
+// Every partition shares the one dead-letter queue.
+func (t Topology) Declare(ch *amqp.Channel) error {
+	if err := t.DeclareDeadLetter(ch); err != nil {
+		return err
 	}
 	for _, q := range t.Queues() {
 		if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{

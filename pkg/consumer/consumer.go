@@ -350,8 +350,10 @@ func declare(conn *amqp.Connection, declare func(*amqp.Channel) error) error {
 
 // openPublisher opens a session's publishing side: a connection of its own,
 // to the node of the consuming connection, with a confirming publisher,
-// and declares the topology on it (a dead-letter exchange or queue deleted
-// since is back before a letter needs it). During a memory or disk alarm
+// and declares the dead-letter exchange and queue on it (one deleted since
+// is back before a letter needs it). Not the work queues: the consuming
+// connection declared them, and one deleted since the session began must
+// end it (the broker cancels its consumer), not come back under it. During a memory or disk alarm
 // the broker stops reading a connection that publishes, and acks sent on it
 // would stop with the publish.
 func (c *Consumer[T]) openPublisher(ctx context.Context, node int) (*broker.Publisher, error) {
@@ -366,7 +368,7 @@ func (c *Consumer[T]) openPublisher(ctx context.Context, node int) (*broker.Publ
 	if err != nil {
 		return nil, fmt.Errorf("publishing connection: %w", err)
 	}
-	if err := pub.Declare(c.topology.Declare); err != nil {
+	if err := pub.Declare(c.topology.DeclareDeadLetter); err != nil {
 		_ = pub.Close()
 		return nil, fmt.Errorf("declare on the publishing connection: %w", err)
 	}

@@ -284,7 +284,7 @@ func (w *worker[T]) sendLetter(ctx context.Context, l letter[T]) {
 		cfg.Logger.Error("dead letter returned unroutable (dead-letter queue missing?): re-declaring it and requeueing",
 			"event_id", it.ev.ID, "reason", reason, "dead_letter_queue", w.c.topology.DeadLetterQueue)
 		cfg.Observer.Count(wire.CounterDeadLetterReturned, 1)
-		if err := pub.Declare(w.c.topology.Declare); err != nil {
+		if err := pub.Declare(w.c.topology.DeclareDeadLetter); err != nil {
 			cfg.Logger.Error("re-declare dead-letter queue", "err", err)
 		}
 		w.requeue(ctx, it, wire.RequeueUnroutable, cause)
