@@ -264,11 +264,14 @@ func (r *run) apply(ctx context.Context, p Planned) (string, error) {
 		return fmt.Sprintf("a broker connection cut %s", where), nil
 	case RabbitKill:
 		node, held := r.rabbitTarget(ctx)
+		if node == nil {
+			return "", ctx.Err()
+		}
 		node.Kill()
 		hold()
 		what := fmt.Sprintf("%d of the fleet's consume connections", held)
 		if held < 0 {
-			what = "no consume connection of the fleet's that rabbitmqctl saw"
+			what = "no consume connection of the fleet's seen on a node but the publisher's"
 		}
 		return fmt.Sprintf("rabbitmq node %s killed, holding %s, down for %s", node.Name, what, p.For), node.Start(2 * time.Minute)
 	}
@@ -402,7 +405,8 @@ func (r *run) consuming(name string) bool {
 }
 
 // rabbitTarget is the node a rabbit-kill stops, and how many of the
-// fleet's consume connections it holds (-1: not known): the node that
+// fleet's consume connections it holds (-1: none was seen on a node but
+// the publisher's), or nil once ctx ends while it waits: the node that
 // holds the most, the first partition queue's leader on a tie, never the
 // publisher's. A consumer may be restarting at that moment (the run kills
 // them at every crash point), and a node whose only consumer was showed no
@@ -426,10 +430,14 @@ func (r *run) rabbitTarget(ctx context.Context) (*sandbox.RabbitNode, int) {
 				return best, by[best.Name]
 			}
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		if time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(500 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return nil, -1
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
 	if leader != nil && leader != r.pubNode {
 		return leader, -1

@@ -344,7 +344,7 @@ func (c *RabbitCluster) Connections(match func(name string) bool) (map[string]in
 		if !n.Running() {
 			continue
 		}
-		out, err := exec.Command("rabbitmqctl", "-q", "-n", n.Name, "list_connections", "--no-table-headers", "port", "client_properties").CombinedOutput()
+		out, err := exec.Command("rabbitmqctl", "-q", "-n", n.Name, "--timeout", "20", "list_connections", "--no-table-headers", "port", "client_properties").CombinedOutput()
 		if err != nil {
 			last = fmt.Errorf("sandbox: list_connections on %s: %w: %s", n.Name, err, tail(out, 300))
 			continue
