@@ -417,16 +417,7 @@ func (r *run) rabbitTarget(ctx context.Context) (*sandbox.RabbitNode, int) {
 	deadline := time.Now().Add(rabbitTargetWait)
 	for {
 		if by, err := r.rabbit.Connections(r.consuming); err == nil {
-			var best *sandbox.RabbitNode
-			for _, n := range r.rabbit.Nodes {
-				if n == r.pubNode || by[n.Name] == 0 {
-					continue
-				}
-				if best == nil || by[n.Name] > by[best.Name] || (by[n.Name] == by[best.Name] && n == leader) {
-					best = n
-				}
-			}
-			if best != nil {
+			if best := r.busiest(by, leader); best != nil {
 				return best, by[best.Name]
 			}
 		}
@@ -448,6 +439,22 @@ func (r *run) rabbitTarget(ctx context.Context) (*sandbox.RabbitNode, int) {
 		}
 	}
 	return r.rabbit.Nodes[0], -1
+}
+
+// busiest is the node, not the publisher's, that holds the most of the
+// connections counted in by (by node name), leader on a tie; nil if none
+// holds one.
+func (r *run) busiest(by map[string]int, leader *sandbox.RabbitNode) *sandbox.RabbitNode {
+	var best *sandbox.RabbitNode
+	for _, n := range r.rabbit.Nodes {
+		if n == r.pubNode || by[n.Name] == 0 {
+			continue
+		}
+		if best == nil || by[n.Name] > by[best.Name] || (by[n.Name] == by[best.Name] && n == leader) {
+			best = n
+		}
+	}
+	return best
 }
 
 // rabbitTargetWait bounds how long a rabbit-kill waits for a node that

@@ -353,9 +353,9 @@ func declare(conn *amqp.Connection, declare func(*amqp.Channel) error) error {
 // and declares the dead-letter exchange and queue on it (one deleted since
 // is back before a letter needs it). Not the work queues: the consuming
 // connection declared them, and one deleted since the session began must
-// end it (the broker cancels its consumer), not come back under it. During a memory or disk alarm
-// the broker stops reading a connection that publishes, and acks sent on it
-// would stop with the publish.
+// end it (the broker cancels its consumer), not come back under it. During
+// a memory or disk alarm the broker stops reading a connection that
+// publishes, and acks sent on it would stop with the publish.
 func (c *Consumer[T]) openPublisher(ctx context.Context, node int) (*broker.Publisher, error) {
 	conn, _, err := broker.DialContext(ctx, c.urls[node:node+1], 0, amqp.Config{
 		Properties: amqp.Table{"connection_name": c.cfg.ConnectionName + broker.PublishingConnectionSuffix},
