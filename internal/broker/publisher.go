@@ -303,6 +303,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...Message) []Result {
 		}
 		confirms[i] = dc
 	}
+	acked := false
 	for i, dc := range confirms {
 		if dc == nil {
 			continue
@@ -311,6 +312,16 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...Message) []Result {
 		case <-dc.Done():
 		case <-ctx.Done():
 			results[i] = Result{Err: fmt.Errorf("no confirm: %w", ctx.Err())}
+			confirms[i] = nil
+			continue
+		}
+		acked = acked || dc.Acked()
+	}
+	if acked {
+		p.returnsRead()
+	}
+	for i, dc := range confirms {
+		if dc == nil {
 			continue
 		}
 		dropped := results[i].Dropped
@@ -318,6 +329,20 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...Message) []Result {
 		results[i].Dropped = dropped
 	}
 	return results
+}
+
+// returnsRead returns once watch has recorded every basic.return the
+// library read before the acks that arrived so far. The broker sends a
+// return before its message's ack, and the library hands it to watch
+// (unbuffered) before it reads the ack: once watch answers the barrier,
+// the return is in p.returned. One barrier serves a whole batch of acks.
+func (p *Publisher) returnsRead() {
+	c := make(chan struct{})
+	select {
+	case p.barrier <- c:
+		<-c
+	case <-p.watching:
+	}
 }
 
 // FrameMax is the largest frame the broker takes on the publisher's
@@ -344,18 +369,10 @@ func (p *Publisher) fitFrame(pub *amqp.Publishing, keep func(string) bool) ([]st
 
 // answer classifies a confirm that arrived: ack (Confirmed, or Returned if
 // a basic.return preceded it), or nack, which amqp091 also reports for
-// every publish still unconfirmed when the channel ends.
+// every publish still unconfirmed when the channel ends. An ack is
+// classified after returnsRead.
 func (p *Publisher) answer(ctx context.Context, acked bool, id string) Result {
 	if acked {
-		// The broker sends basic.return before the ack, and the library
-		// hands it to watch (unbuffered) before it reads the ack: once
-		// watch answers the barrier, the return is recorded.
-		c := make(chan struct{})
-		select {
-		case p.barrier <- c:
-			<-c
-		case <-p.watching:
-		}
 		p.state.Lock()
 		r, returned := p.returned[id]
 		p.state.Unlock()
