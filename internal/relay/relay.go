@@ -11,6 +11,11 @@
 // again, with the same message IDs. Rows are read by their state, never
 // past a cursor, so a transaction that commits after a later one is not
 // skipped.
+//
+// A relay runs two passes at once, on different lanes, as two relays
+// would; their publishes take turns, so that while one pass waits for the
+// broker's confirms the other marks its rows, commits, and claims its
+// next. The broker sees one pass's publishes in flight at a time.
 package relay
 
 import (
@@ -113,14 +118,31 @@ func (c Config) WithDefaults() Config {
 
 // Relay publishes the outbox. Create it with New, run it with Run.
 type Relay struct {
-	cfg    Config
-	log    *slog.Logger
-	amqp   *amqpPublisher
-	http   *httpSender
+	cfg  Config
+	log  *slog.Logger
+	amqp *amqpPublisher
+	http *httpSender
+
+	laneMu sync.Mutex
 	lane   int // the first lane of the next pass
+
+	// turn is held by the pass that publishes: one at a time.
+	turn chan struct{}
+	// health is what the passes found, in the order they ended, and
+	// ready the "" or why not ready it makes of it (see Ready).
+	health passHealth
 	ready  atomic.Value
 	pauses *pauses
 }
+
+// passesAtOnce is how many passes a relay runs at once. While one publishes
+// and waits for its confirms, the other marks and commits what it
+// published and claims its next rows, so the database's round trips and
+// the commit's flush are off the publishing's path. Their lanes differ
+// (a lane is held from the claim to the commit; see nextLanes) and their
+// publishes take turns (Relay.turn), so the rows of one key stay in order
+// and the broker never has more than one pass's publishes in flight.
+const passesAtOnce = 2
 
 // New checks cfg and returns a Relay.
 func New(cfg Config) (*Relay, error) {
@@ -137,7 +159,7 @@ func New(cfg Config) (*Relay, error) {
 	case cfg.BackoffMin > cfg.BackoffMax:
 		return nil, errors.New("relay: BackoffMin above BackoffMax")
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger, lane: rand.IntN(Lanes)}
+	r := &Relay{cfg: cfg, log: cfg.Logger, lane: rand.IntN(Lanes), turn: make(chan struct{}, 1)}
 	for _, d := range cfg.Destinations {
 		if d.Kind != HTTP && len(cfg.AMQPURLs) == 0 {
 			return nil, fmt.Errorf("relay: destination %s needs an AMQP URL", d.Name)
@@ -150,10 +172,21 @@ func New(cfg Config) (*Relay, error) {
 	return r, nil
 }
 
+// passesAtOnce is how many passes the relay runs at once: one when a pass
+// takes more than half the lanes, since a second would find them held by
+// the first.
+func (r *Relay) passesAtOnce() int {
+	if Lanes/r.cfg.LanesPerPass < passesAtOnce {
+		return 1
+	}
+	return passesAtOnce
+}
+
 // Ready returns nil once a pass has run, the last one reached the
 // database, the last one with rows reached their destinations (their
 // request hooks too), the broker has not refused the relay's connection
-// lately, and no destination is paused; otherwise why not.
+// lately, and no destination is paused; otherwise why not. The passes
+// running at once count in the order they ended.
 func (r *Relay) Ready() error {
 	var errs []error
 	if s := r.ready.Load().(string); s != "" {
@@ -183,53 +216,45 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := pgsession.CheckPool(ctx, r.cfg.DB); errors.Is(err, pgsession.ErrPooledStatements) {
 		return fmt.Errorf("relay: %w (in pgx: ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe)", err)
 	}
-	wake := make(chan struct{}, 1)
 	r.pauses.clearOwn(ctx)
-	helpers.Go(func() { listen(hctx, r.cfg.DB, wake, r.log) })
+	wakes := make([]chan struct{}, r.passesAtOnce())
+	for i := range wakes {
+		wakes[i] = make(chan struct{}, 1)
+	}
+	helpers.Go(func() {
+		listen(hctx, r.cfg.DB, func() {
+			for _, w := range wakes {
+				select {
+				case w <- struct{}{}:
+				default:
+				}
+			}
+		}, r.log)
+	})
 	helpers.Go(func() { r.retain(hctx) })
 	if r.cfg.Metrics != nil {
 		helpers.Go(func() { r.cfg.Metrics.watch(hctx, r.cfg.DB, r.log) })
 	}
+	var passes sync.WaitGroup
+	for i := range wakes {
+		passes.Go(func() { r.passes(ctx, wakes[i]) })
+	}
+	passes.Wait()
+	return nil
+}
+
+// passes runs one pass after another until ctx ends, and waits for wake
+// (or PollInterval) once a round of the lanes found nothing.
+func (r *Relay) passes(ctx context.Context, wake <-chan struct{}) {
 	backoff := r.cfg.BackoffMin
-	idle := 0      // passes in a row that found nothing
-	fruitless := 0 // passes in a row that claimed rows and sent none, all refused
-	// A pass that claims nothing (its lanes empty, or their rows waiting
-	// out a backoff) says nothing of the destinations: what the last pass
-	// with rows found stands until the next.
-	var unreached error   // that pass could not reach a destination, or a request hook failed
-	var lastRefused error // the last publish a destination refused
+	idle := 0 // passes in a row that found nothing
 	for ctx.Err() == nil {
 		p, err := r.pass(ctx)
 		if ctx.Err() != nil {
 			break
 		}
 		r.pauses.record(ctx)
-		if p.lastErr != nil {
-			lastRefused = p.lastErr
-		}
-		if p.claimed > 0 {
-			unreached = err
-			switch {
-			case err != nil: // its answers say nothing of the rows it did not reach
-			case p.sent > 0 || p.failed == 0:
-				fruitless = 0
-			default:
-				fruitless++
-			}
-		}
-		switch {
-		case err != nil:
-			r.ready.Store(err.Error())
-		case unreached != nil:
-			r.ready.Store(unreached.Error())
-		case fruitless >= fruitlessPasses:
-			// Every destination answers, and refuses everything: the
-			// rows are not lost (they retry, then go dead), but the
-			// relay is not doing its job and must say so.
-			r.ready.Store(fmt.Sprintf("the last %d passes sent nothing: every publish failed (the last: %v)", fruitless, lastRefused))
-		default:
-			r.ready.Store("")
-		}
+		r.health.ended(p, err, &r.ready)
 		if err != nil {
 			r.log.Warn("relay pass failed; retrying", "err", err, "in", backoff)
 			sleep(ctx, jitter(backoff))
@@ -251,12 +276,55 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-time.After(r.cfg.PollInterval):
 		}
 	}
-	return nil
 }
 
 // fruitlessPasses is how many passes in a row that sent nothing, every
 // publish refused, make the relay not ready.
 const fruitlessPasses = 3
+
+// passHealth is what the relay's passes found, in the order they ended.
+type passHealth struct {
+	mu sync.Mutex
+	// A pass that claims nothing (its lanes empty, or their rows waiting
+	// out a backoff) says nothing of the destinations: what the last pass
+	// with rows found stands until the next.
+	unreached   error // that pass could not reach a destination, or a request hook failed
+	lastRefused error // the last publish a destination refused
+	fruitless   int   // passes in a row that claimed rows and sent none, all refused
+}
+
+// ended records a pass that ended with p and err, and stores in ready ""
+// or why the relay is not ready.
+func (h *passHealth) ended(p passResult, err error, ready *atomic.Value) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if p.lastErr != nil {
+		h.lastRefused = p.lastErr
+	}
+	if p.claimed > 0 {
+		h.unreached = err
+		switch {
+		case err != nil: // its answers say nothing of the rows it did not reach
+		case p.sent > 0 || p.failed == 0:
+			h.fruitless = 0
+		default:
+			h.fruitless++
+		}
+	}
+	switch {
+	case err != nil:
+		ready.Store(err.Error())
+	case h.unreached != nil:
+		ready.Store(h.unreached.Error())
+	case h.fruitless >= fruitlessPasses:
+		// Every destination answers, and refuses everything: the rows
+		// are not lost (they retry, then go dead), but the relay is not
+		// doing its job and must say so.
+		ready.Store(fmt.Sprintf("the last %d passes sent nothing: every publish failed (the last: %v)", h.fruitless, h.lastRefused))
+	default:
+		ready.Store("")
+	}
+}
 
 // passResult sums up a pass: rows claimed, sent, failed (their attempt
 // spent), and the last failure.
@@ -333,23 +401,20 @@ FOR UPDATE OF o SKIP LOCKED`
 
 // pass claims, publishes and marks one batch.
 func (r *Relay) pass(ctx context.Context) (passResult, error) {
-	lanes := make([]int16, r.cfg.LanesPerPass)
-	for i := range lanes {
-		lanes[i] = int16((r.lane + i) % Lanes)
-	}
-	r.lane = (r.lane + r.cfg.LanesPerPass) % Lanes
-
 	tx, err := r.cfg.DB.Begin(ctx)
 	if err != nil {
 		return passResult{}, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := r.claim(ctx, tx, lanes)
+	rows, err := r.claim(ctx, tx, r.nextLanes())
 	if err != nil || len(rows) == 0 {
 		return passResult{}, err
 	}
 	claimed := time.Now()
-	results, pubErr := r.publish(ctx, rows)
+	// The transaction's bound (TxBound) runs from here: the wait for the
+	// other pass's publishing comes out of this one's PublishTimeout.
+	deadline := claimed.Add(r.cfg.PublishTimeout)
+	results, pubErr := r.publishInTurn(ctx, rows, deadline)
 	step.Reached(ctx, step.RelayPublished)
 	if err := r.mark(ctx, tx, rows, results); err != nil {
 		return passResult{}, err
@@ -370,6 +435,21 @@ func (r *Relay) pass(ctx context.Context) (passResult, error) {
 		}
 	}
 	return p, pubErr
+}
+
+// nextLanes returns the lanes of the next pass: LanesPerPass of them,
+// after the last pass's. Passes running at once take their lanes in turn,
+// and a pass claims again only after it committed, so with at least
+// passesAtOnce rounds of lanes a pass never asks for lanes the other holds.
+func (r *Relay) nextLanes() []int16 {
+	r.laneMu.Lock()
+	defer r.laneMu.Unlock()
+	lanes := make([]int16, r.cfg.LanesPerPass)
+	for i := range lanes {
+		lanes[i] = int16((r.lane + i) % Lanes)
+	}
+	r.lane = (r.lane + r.cfg.LanesPerPass) % Lanes
+	return lanes
 }
 
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx, lanes []int16) ([]*row, error) {
@@ -395,10 +475,37 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, lanes []int16) ([]*row, er
 	return out, nil
 }
 
-// publish sends every row to its destination and returns each row's
-// result. The error, if any, is a destination that could not be reached,
-// or a request hook that failed (their rows are skipped, not failed).
-func (r *Relay) publish(ctx context.Context, rows []*row) ([]result, error) {
+// publishInTurn publishes rows (publish) once the other pass's publishing
+// is over, by deadline. Rows it could not start on by then are skipped,
+// their attempts untouched.
+func (r *Relay) publishInTurn(ctx context.Context, rows []*row, deadline time.Time) ([]result, error) {
+	wait := time.NewTimer(time.Until(deadline))
+	defer wait.Stop()
+	select {
+	case r.turn <- struct{}{}:
+	case <-ctx.Done():
+		return skipAll(rows), ctx.Err()
+	case <-wait.C:
+		return skipAll(rows), fmt.Errorf("the relay's other pass published for longer than the publish timeout (%s)", r.cfg.PublishTimeout)
+	}
+	defer func() { <-r.turn }()
+	return r.publish(ctx, rows, deadline)
+}
+
+// skipAll is the results of a pass that tried none of its rows.
+func skipAll(rows []*row) []result {
+	results := make([]result, len(rows))
+	for i := range results {
+		results[i] = result{skipped: true}
+	}
+	return results
+}
+
+// publish sends every row to its destination, by deadline, and returns each
+// row's result. The error, if any, is a destination that could not be
+// reached, or a request hook that failed (their rows are skipped, not
+// failed).
+func (r *Relay) publish(ctx context.Context, rows []*row, deadline time.Time) ([]result, error) {
 	results := make([]result, len(rows))
 	dones := r.pauses.admit(rows, results)
 	var amqpRows, httpRows []int
@@ -415,17 +522,18 @@ func (r *Relay) publish(ctx context.Context, rows []*row) ([]result, error) {
 		}
 	}
 	// The pass holds its transaction and its rows' locks while it
-	// publishes: whatever the destinations do, that lasts at most
-	// PublishTimeout (and a second, so that a request sent at once meets
-	// its own timeout, which spends an attempt, before the pass's, which
-	// spends none). What the pass did not reach waits for the next.
-	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout+passSlack)
+	// publishes: whatever the destinations do, that lasts until the
+	// deadline, PublishTimeout after the claim (and a second, so that a
+	// request sent at once meets its own timeout, which spends an attempt,
+	// before the pass's, which spends none). What the pass did not reach
+	// waits for the next.
+	pctx, cancel := context.WithDeadline(ctx, deadline.Add(passSlack))
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- r.http.sendAll(pctx, r.cfg.Destinations, rows, httpRows, results) }()
 	var errs []error
 	if len(amqpRows) > 0 {
-		actx, cancel := context.WithTimeout(pctx, r.cfg.PublishTimeout)
+		actx, cancel := context.WithDeadline(pctx, deadline)
 		errs = append(errs, r.amqp.publishAll(actx, r.cfg.Destinations, rows, amqpRows, results))
 		cancel()
 	}
