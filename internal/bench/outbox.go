@@ -28,7 +28,10 @@ import (
 
 // OutboxOptions describe `idem-lab bench --outbox`: the relay's rows.
 type OutboxOptions struct {
-	Bin         string // idem-lab: its relay and consume
+	Bin string // idem-lab: its relay and consume
+	// BaselineBin, if set, is an idem-lab built from an earlier commit
+	// whose relay also runs the one-relay drained row, in the same runs.
+	BaselineBin string
 	Dir         string
 	AMQPURL     string
 	DatabaseURL string
@@ -51,8 +54,9 @@ type OutboxResult struct {
 	CPUProcs    float64 `json:"cpuProcsMicros"`
 	CPUPostgres float64 `json:"cpuPostgresMicros"`
 	CPURabbitMQ float64 `json:"cpuRabbitMQMicros"`
-	// OfRaw is Rate over the raw confirming publisher's, for the relay
-	// rows measured as it is (destination drained).
+	// OfRaw is the median of the per-run ratios of this row's rate to
+	// the raw confirming publisher's in the same run, for the relay rows
+	// measured as it is (destination drained).
 	OfRaw float64 `json:"ofRawPublisher,omitempty"`
 	// Latencies, ms: commit to delivery (latency row), or the first hop's
 	// transaction to the second hop's (two-hop row).
@@ -75,8 +79,11 @@ type outboxRun struct {
 }
 
 // RunOutbox runs the outbox rows: the relay's throughput with confirms, one
-// and two relays on a prefilled outbox; commit-to-delivery latency at a
-// fixed rate; and the two-hop pipeline's latency at that rate.
+// and two relays on a prefilled outbox (and one of the baseline's, with
+// BaselineBin); commit-to-delivery latency at a fixed rate; and the
+// two-hop pipeline's latency at that rate. Each run goes through every row
+// in turn, so that a relay row's ratio to the raw publisher is taken
+// within a run.
 func RunOutbox(ctx context.Context, o OutboxOptions) ([]OutboxResult, error) {
 	if o.Runs < 1 || o.Messages < 1000 || o.Rate <= 0 || o.LatencyFor < time.Second {
 		return nil, errors.New("bench --outbox: --runs ≥ 1, --events ≥ 1000, --rate > 0 and --latency-for ≥ 1s")
@@ -90,37 +97,54 @@ func RunOutbox(ctx context.Context, o OutboxOptions) ([]OutboxResult, error) {
 	}
 	defer admin.Close()
 	b := &outboxBench{o: o, admin: admin}
-	rows := []struct {
-		name  string
-		run   func(context.Context, int) (outboxRun, error)
-		ofRaw bool // compared with the raw confirming publisher
-	}{
+	rows := []outboxRow{
 		{rawPublisherRow, b.rawPublisher, false},
-		{"relay ×1, confirms, destination drained", func(ctx context.Context, i int) (outboxRun, error) { return b.throughput(ctx, i, 1, true) }, true},
-		{"relay ×2, confirms, destination drained", func(ctx context.Context, i int) (outboxRun, error) { return b.throughput(ctx, i, 2, true) }, true},
-		{"relay ×2, confirms, destination's consumer elsewhere", func(ctx context.Context, i int) (outboxRun, error) { return b.throughput(ctx, i, 2, false) }, false},
+		{"relay ×1, confirms, destination drained", func(ctx context.Context, i int) (outboxRun, error) { return b.throughput(ctx, o.Bin, i, 1, true) }, true},
+	}
+	if o.BaselineBin != "" {
+		rows = append(rows, outboxRow{"relay ×1, confirms, destination drained, baseline build", func(ctx context.Context, i int) (outboxRun, error) {
+			return b.throughput(ctx, o.BaselineBin, i, 1, true)
+		}, true})
+	}
+	rows = append(rows, []outboxRow{
+		{"relay ×2, confirms, destination drained", func(ctx context.Context, i int) (outboxRun, error) { return b.throughput(ctx, o.Bin, i, 2, true) }, true},
+		{"relay ×2, confirms, destination's consumer elsewhere", func(ctx context.Context, i int) (outboxRun, error) { return b.throughput(ctx, o.Bin, i, 2, false) }, false},
 		{fmt.Sprintf("commit → delivered, %.0f/s, relay ×1", o.Rate), b.latency, false},
 		{fmt.Sprintf("two hops: payment tx → receipt tx, %.0f/s", o.Rate), b.twoHops, false},
-	}
-	var out []OutboxResult
-	for _, row := range rows {
-		var runs []outboxRun
-		for i := range o.Runs {
+	}...)
+	runs := make([][]outboxRun, len(rows))
+	for i := range o.Runs {
+		for k, row := range rows {
 			waitQuiet(10 * time.Second)
 			r, err := row.run(ctx, i)
 			if err != nil {
-				return out, fmt.Errorf("%s: %w", row.name, err)
+				return nil, fmt.Errorf("%s: %w", row.name, err)
 			}
 			fmt.Fprintf(o.Progress, "%s, run %d: %.0f msg/s, p99 %.1f ms\n", row.name, i+1, r.rate, ms(pct(r.lat, 0.99)))
-			runs = append(runs, r)
+			runs[k] = append(runs[k], r)
 		}
-		res := summarizeOutbox(row.name, runs)
-		if raw := slices.IndexFunc(out, func(r OutboxResult) bool { return r.Row == rawPublisherRow }); row.ofRaw && raw >= 0 && out[raw].Rate > 0 {
-			res.OfRaw = res.Rate / out[raw].Rate
+	}
+	var out []OutboxResult
+	for k, row := range rows {
+		res := summarizeOutbox(row.name, runs[k])
+		if row.ofRaw {
+			ratios := make([]float64, len(runs[k]))
+			for i, r := range runs[k] {
+				ratios[i] = r.rate / runs[0][i].rate // rows[0] is the raw publisher
+			}
+			res.OfRaw = median(ratios)
 		}
 		out = append(out, res)
 	}
 	return out, nil
+}
+
+// outboxRow is one row of RunOutbox: its name, one run of it, and whether
+// it is compared with the raw confirming publisher.
+type outboxRow struct {
+	name  string
+	run   func(context.Context, int) (outboxRun, error)
+	ofRaw bool
 }
 
 // rawPublisherRow is the outbox rows' ceiling: RunConfirmPublisher.
@@ -280,8 +304,11 @@ FROM generate_series(1, $1) g`
 // they arrive (its broker work is charged to the row); without, they stay
 // in the queue, as for a receiving service on other machines, and the row
 // ends when every row is marked sent.
-func (b *outboxBench) throughput(ctx context.Context, run, relays int, drain bool) (outboxRun, error) {
+func (b *outboxBench) throughput(ctx context.Context, bin string, run, relays int, drain bool) (outboxRun, error) {
 	name := fmt.Sprintf("idem_bench_ob_%d_%d_%t_%d", relays, run, drain, os.Getpid())
+	if bin != b.o.Bin {
+		name += "_baseline"
+	}
 	pool, u, drop, err := b.schema(ctx, name)
 	if err != nil {
 		return outboxRun{}, err
@@ -318,7 +345,7 @@ func (b *outboxBench) throughput(ctx context.Context, run, relays int, drain boo
 		}
 	}()
 	for i := range relays {
-		p, err := fleet.Start(fleet.Spec{Bin: b.o.Bin, Command: "relay", Name: fmt.Sprintf("%s-relay%d", name, i), Dir: b.o.Dir, Env: env})
+		p, err := fleet.Start(fleet.Spec{Bin: bin, Command: "relay", Name: fmt.Sprintf("%s-relay%d", name, i), Dir: b.o.Dir, Env: env})
 		if err != nil {
 			return outboxRun{}, err
 		}
