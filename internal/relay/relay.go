@@ -15,7 +15,10 @@
 // A relay runs two passes at once, on different lanes, as two relays
 // would; their publishes take turns, so that while one pass waits for the
 // broker's confirms the other marks its rows, commits, and claims its
-// next. The broker sees one pass's publishes in flight at a time.
+// next. The broker sees one pass's publishes in flight at a time. A pass
+// whose turn does not come at once (the other publishes to a slow
+// destination) lets its rows go and claims them again in its turn, so that
+// it may publish for its whole PublishTimeout.
 package relay
 
 import (
@@ -131,6 +134,7 @@ type Relay struct {
 	// health is what the passes found, in the order they ended, and
 	// ready the "" or why not ready it makes of it (see Ready).
 	health passHealth
+	idle   idleRounds
 	ready  atomic.Value
 	pauses *pauses
 }
@@ -247,8 +251,8 @@ func (r *Relay) Run(ctx context.Context) error {
 // (or PollInterval) once a round of the lanes found nothing.
 func (r *Relay) passes(ctx context.Context, wake <-chan struct{}) {
 	backoff := r.cfg.BackoffMin
-	idle := 0 // passes in a row that found nothing
 	for ctx.Err() == nil {
+		gen := r.idle.started()
 		p, err := r.pass(ctx)
 		if ctx.Err() != nil {
 			break
@@ -262,20 +266,54 @@ func (r *Relay) passes(ctx context.Context, wake <-chan struct{}) {
 			continue
 		}
 		backoff = r.cfg.BackoffMin
-		if p.claimed > 0 {
-			idle = 0
-			continue
-		}
-		if idle++; idle < Lanes/r.cfg.LanesPerPass {
+		if !r.idle.ended(gen, p.claimed > 0, Lanes/r.cfg.LanesPerPass) {
 			continue // the other lanes may hold rows
 		}
-		idle = 0
 		select {
 		case <-ctx.Done():
 		case <-wake:
 		case <-time.After(r.cfg.PollInterval):
 		}
 	}
+}
+
+// idleRounds counts the passes in a row, of all the relay's loops, that
+// found nothing, so that an idle relay looks at each lane once per
+// PollInterval, however many passes it runs at once.
+type idleRounds struct {
+	mu    sync.Mutex
+	empty int // passes in a row that found nothing
+	round int // rounds of the lanes that found nothing, so far
+}
+
+// started returns, as a pass starts, the rounds of nothing so far: ended
+// tells by them whether one ended while the pass ran.
+func (i *idleRounds) started() int {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.round
+}
+
+// ended records a pass that started at round and found rows, or not, and
+// reports whether its loop should wait for a notification or the next poll:
+// the last passes found nothing in a whole round of the lanes (of passes
+// passes), this one's or one that ended while it ran.
+func (i *idleRounds) ended(round int, found bool, passes int) bool {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	switch {
+	case found:
+		i.empty = 0
+		return false
+	case i.round != round:
+		return true
+	}
+	if i.empty++; i.empty < passes {
+		return false
+	}
+	i.empty = 0
+	i.round++
+	return true
 }
 
 // fruitlessPasses is how many passes in a row that sent nothing, every
@@ -401,20 +439,36 @@ FOR UPDATE OF o SKIP LOCKED`
 
 // pass claims, publishes and marks one batch.
 func (r *Relay) pass(ctx context.Context) (passResult, error) {
-	tx, err := r.cfg.DB.Begin(ctx)
-	if err != nil {
-		return passResult{}, fmt.Errorf("begin: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := r.claim(ctx, tx, r.nextLanes())
+	lanes := r.nextLanes()
+	tx, rows, err := r.claimIn(ctx, lanes)
 	if err != nil || len(rows) == 0 {
 		return passResult{}, err
 	}
+	defer func() {
+		if tx != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
 	claimed := time.Now()
-	// The transaction's bound (TxBound) runs from here: the wait for the
-	// other pass's publishing comes out of this one's PublishTimeout.
-	deadline := claimed.Add(r.cfg.PublishTimeout)
-	results, pubErr := r.publishInTurn(ctx, rows, deadline)
+	if !r.takeTurn(ctx, turnWait) {
+		// The other pass publishes for long: a slow destination. Rather
+		// than hold these rows while it does, and cut this pass's own
+		// publishing short to keep the transaction within TxBound, let
+		// them go, and claim again once it is this pass's turn. Nothing
+		// was published, nothing is spent.
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		if !r.takeTurn(ctx, -1) {
+			return passResult{}, nil // ctx ended
+		}
+		tx, rows, err = r.claimIn(ctx, lanes)
+		if err != nil || len(rows) == 0 {
+			<-r.turn
+			return passResult{}, err
+		}
+		claimed = time.Now()
+	}
+	results, pubErr := r.publish(ctx, rows, claimed)
+	<-r.turn
 	step.Reached(ctx, step.RelayPublished)
 	if err := r.mark(ctx, tx, rows, results); err != nil {
 		return passResult{}, err
@@ -435,6 +489,53 @@ func (r *Relay) pass(ctx context.Context) (passResult, error) {
 		}
 	}
 	return p, pubErr
+}
+
+// claimIn begins a transaction and claims in it the due rows of lanes. With
+// no rows, or an error, the transaction is over.
+func (r *Relay) claimIn(ctx context.Context, lanes []int16) (pgx.Tx, []*row, error) {
+	tx, err := r.cfg.DB.Begin(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("begin: %w", err)
+	}
+	rows, err := r.claim(ctx, tx, lanes)
+	if err != nil || len(rows) == 0 {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, nil, err
+	}
+	return tx, rows, nil
+}
+
+// turnWait is the longest a pass holding claimed rows waits for its turn
+// to publish. It is short next to passSlack: a pass's publishing may then
+// take its whole PublishTimeout from its turn, and a request sent at once
+// still meets its own timeout before the pass's, within TxBound from the
+// claim. A healthy pass publishes a batch in a few milliseconds.
+const turnWait = passSlack / 4
+
+// takeTurn takes the turn to publish (give it back with <-r.turn), waiting
+// at most wait for the other pass to give it back, or until ctx ends if
+// wait is negative. It reports whether it took it.
+func (r *Relay) takeTurn(ctx context.Context, wait time.Duration) bool {
+	select {
+	case r.turn <- struct{}{}:
+		return true
+	default:
+	}
+	var expired <-chan time.Time
+	if wait >= 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case r.turn <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-expired:
+		return false
+	}
 }
 
 // nextLanes returns the lanes of the next pass: LanesPerPass of them,
@@ -475,37 +576,11 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, lanes []int16) ([]*row, er
 	return out, nil
 }
 
-// publishInTurn publishes rows (publish) once the other pass's publishing
-// is over, by deadline. Rows it could not start on by then are skipped,
-// their attempts untouched.
-func (r *Relay) publishInTurn(ctx context.Context, rows []*row, deadline time.Time) ([]result, error) {
-	wait := time.NewTimer(time.Until(deadline))
-	defer wait.Stop()
-	select {
-	case r.turn <- struct{}{}:
-	case <-ctx.Done():
-		return skipAll(rows), ctx.Err()
-	case <-wait.C:
-		return skipAll(rows), fmt.Errorf("the relay's other pass published for longer than the publish timeout (%s)", r.cfg.PublishTimeout)
-	}
-	defer func() { <-r.turn }()
-	return r.publish(ctx, rows, deadline)
-}
-
-// skipAll is the results of a pass that tried none of its rows.
-func skipAll(rows []*row) []result {
-	results := make([]result, len(rows))
-	for i := range results {
-		results[i] = result{skipped: true}
-	}
-	return results
-}
-
-// publish sends every row to its destination, by deadline, and returns each
-// row's result. The error, if any, is a destination that could not be
-// reached, or a request hook that failed (their rows are skipped, not
-// failed).
-func (r *Relay) publish(ctx context.Context, rows []*row, deadline time.Time) ([]result, error) {
+// publish sends every row to its destination, within PublishTimeout, and
+// within TxBound of claimed, and returns each row's result. The error, if
+// any, is a destination that could not be reached, or a request hook that
+// failed (their rows are skipped, not failed).
+func (r *Relay) publish(ctx context.Context, rows []*row, claimed time.Time) ([]result, error) {
 	results := make([]result, len(rows))
 	dones := r.pauses.admit(rows, results)
 	var amqpRows, httpRows []int
@@ -522,18 +597,18 @@ func (r *Relay) publish(ctx context.Context, rows []*row, deadline time.Time) ([
 		}
 	}
 	// The pass holds its transaction and its rows' locks while it
-	// publishes: whatever the destinations do, that lasts until the
-	// deadline, PublishTimeout after the claim (and a second, so that a
-	// request sent at once meets its own timeout, which spends an attempt,
-	// before the pass's, which spends none). What the pass did not reach
-	// waits for the next.
-	pctx, cancel := context.WithDeadline(ctx, deadline.Add(passSlack))
+	// publishes: whatever the destinations do, that lasts at most TxBound
+	// from the claim, PublishTimeout and a second (so that a request sent
+	// at once, at most turnWait after the claim, meets its own timeout,
+	// which spends an attempt, before the pass's, which spends none). What
+	// the pass did not reach waits for the next.
+	pctx, cancel := context.WithDeadline(ctx, claimed.Add(r.cfg.PublishTimeout+passSlack))
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- r.http.sendAll(pctx, r.cfg.Destinations, rows, httpRows, results) }()
 	var errs []error
 	if len(amqpRows) > 0 {
-		actx, cancel := context.WithDeadline(pctx, deadline)
+		actx, cancel := context.WithTimeout(pctx, r.cfg.PublishTimeout)
 		errs = append(errs, r.amqp.publishAll(actx, r.cfg.Destinations, rows, amqpRows, results))
 		cancel()
 	}

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -19,13 +21,14 @@ import (
 
 // namedPool opens a pool on url whose sessions carry an application_name
 // of the test's own, so that pg_stat_activity tells them apart from other
-// tests'.
-func namedPool(t *testing.T, url string) (*pgxpool.Pool, string) {
+// tests', and trace their queries with tracer, if not nil.
+func namedPool(t *testing.T, url string, tracer pgx.QueryTracer) (*pgxpool.Pool, string) {
 	t.Helper()
 	name := testenv.Name(t)
 	pc, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
 	pc.ConnConfig.RuntimeParams["application_name"] = name
+	pc.ConnConfig.Tracer = tracer
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -59,13 +62,35 @@ func hangingAPI(t *testing.T) (*atomic.Int32, chan struct{}, string) {
 	return &arrived, release, srv.URL
 }
 
+// claimTracer counts a pool's claims: all, and those that returned rows.
+type claimTracer struct{ all, withRows atomic.Int64 }
+
+type claimKey struct{}
+
+func (c *claimTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.HasPrefix(d.SQL, "WITH lanes AS") {
+		c.all.Add(1)
+		return context.WithValue(ctx, claimKey{}, true)
+	}
+	return ctx
+}
+
+func (c *claimTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if ctx.Value(claimKey{}) != nil && d.Err == nil && d.CommandTag.RowsAffected() > 0 {
+		c.withRows.Add(1)
+	}
+}
+
 // TestWhileOnePassPublishesTheOtherClaimsAndWaitsItsTurn: a relay runs two
 // passes at once. While one publishes (to an API that holds every request),
-// the other has claimed its rows, but publishes nothing until the first is
-// done: the destination sees one pass's requests at a time.
+// the other claims its rows, but publishes nothing until the first is
+// done: the destination sees one pass's requests at a time. As the first
+// is slow, the second lets its rows go rather than hold them, and waits
+// for its turn without claiming again.
 func TestWhileOnePassPublishesTheOtherClaimsAndWaitsItsTurn(t *testing.T) {
 	db, u := testenv.Schema(t)
-	pool, app := namedPool(t, u)
+	var claims claimTracer
+	pool, app := namedPool(t, u, &claims)
 	arrived, release, url := hangingAPI(t)
 	released := false
 	t.Cleanup(func() {
@@ -81,29 +106,30 @@ func TestWhileOnePassPublishesTheOtherClaimsAndWaitsItsTurn(t *testing.T) {
 	}
 	run(t, relay.Config{DB: pool, BatchSize: batch, Retention: time.Hour, Destinations: amqpDest(t, "api="+url)})
 
-	require.Eventually(t, func() bool { return claimsOpen(t, db, app) == 2 }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return claims.withRows.Load() == 2 }, 10*time.Second, 10*time.Millisecond,
 		"the second pass claims its rows while the first publishes")
-	// Give a second pass that did not wait its turn the time to be seen.
-	time.Sleep(300 * time.Millisecond)
+	// Past the second's wait for its turn, and the time for a second that
+	// did not wait to be seen.
+	time.Sleep(time.Second)
 	got := arrived.Load()
 	require.Positive(t, got)
 	require.LessOrEqual(t, got, int32(batch), "only the first pass's rows are sent while it publishes")
-	require.Equal(t, 2, claimsOpen(t, db, app))
+	require.Equal(t, 1, claimsOpen(t, db, app), "the second pass let its rows go while the first is slow")
+	require.EqualValues(t, 2, claims.withRows.Load(), "the second pass waits for its turn without claiming again")
 
 	close(release)
 	released = true
 	require.Eventually(t, func() bool { return states(t, db)["sent"] == n }, 20*time.Second, 20*time.Millisecond)
 }
 
-// TestAPassWaitingItsTurnKeepsItsTransactionBound: the wait for the other
-// pass's publishing comes out of a pass's own PublishTimeout, so that no
-// pass's transaction outlasts TxBound (the bound idem's pools give the
-// server), however long the other publishes. Here the API never answers:
-// the first pass publishes for its whole PublishTimeout, and the second,
-// claimed meanwhile, has nothing of its own left.
+// TestAPassWaitingItsTurnKeepsItsTransactionBound: no pass's transaction
+// outlasts TxBound (the bound idem's pools give the server), however long
+// the other pass publishes. Here the API never answers: the first pass
+// publishes for its whole PublishTimeout, and the second, claimed
+// meanwhile, lets its rows go and claims them again in its turn.
 func TestAPassWaitingItsTurnKeepsItsTransactionBound(t *testing.T) {
 	db, u := testenv.Schema(t)
-	pool, app := namedPool(t, u)
+	pool, app := namedPool(t, u, nil)
 	_, release, url := hangingAPI(t)
 	t.Cleanup(func() { close(release) })
 	g := newGuard(t, db)

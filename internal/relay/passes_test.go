@@ -1,0 +1,350 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemhq/idem/internal/relay"
+	"github.com/idemhq/idem/internal/testenv"
+	"github.com/idemhq/idem/pkg/outbox"
+	"github.com/idemhq/idem/pkg/partition"
+)
+
+// keysOfLane returns n distinct keys whose lane is lane.
+func keysOfLane(lane, n int) []string {
+	var out []string
+	for i := 0; len(out) < n; i++ {
+		k := fmt.Sprintf("k%d", i)
+		if partition.Of(k, relay.Lanes) == lane {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// slowAPI answers 200 after latency, and counts each Idempotency-Key's
+// arrivals.
+type slowAPI struct {
+	mu   sync.Mutex
+	seen map[string]int
+}
+
+func newSlowAPI(t *testing.T, latency time.Duration) (*slowAPI, string) {
+	a := &slowAPI{seen: map[string]int{}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.mu.Lock()
+		a.seen[r.Header.Get("Idempotency-Key")]++
+		a.mu.Unlock()
+		select {
+		case <-time.After(latency):
+		case <-r.Context().Done():
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(srv.Close)
+	return a, srv.URL
+}
+
+func (a *slowAPI) counts() map[string]int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range a.seen {
+		out[k] = v
+	}
+	return out
+}
+
+// TestAnAPIAnsweringWithinThePublishTimeoutIsSentEachRowOnce: an API that
+// answers every request in 1.75 s, within the PublishTimeout of 2 s, and
+// rows in lanes both passes take. A pass that waits for the other's turn
+// to publish still has its whole PublishTimeout for its own requests: none
+// is cut off mid-flight (which the API may have acted on) and sent again.
+func TestAnAPIAnsweringWithinThePublishTimeoutIsSentEachRowOnce(t *testing.T) {
+	db, _ := testenv.Schema(t)
+	api, u := newSlowAPI(t, 1750*time.Millisecond)
+	g := newGuard(t, db)
+	n := 0
+	for _, lane := range []int{0, 8, 16, 24} { // one lane in each group of 8
+		for _, k := range keysOfLane(lane, 2) {
+			id := fmt.Sprintf("e%02d", n)
+			n++
+			send(t, g, id, outbox.Message{EventID: id, To: "api", Key: k, Body: []byte(id)})
+		}
+	}
+	run(t, relay.Config{DB: db, PublishTimeout: 2 * time.Second, Retention: time.Hour, MaxAttempts: 1000,
+		Destinations: amqpDest(t, "api="+u)})
+	require.Eventually(t, func() bool { return states(t, db)["sent"] == n }, 40*time.Second, 20*time.Millisecond)
+	for k, c := range api.counts() {
+		require.Equal(t, 1, c, "%s: an answer within the PublishTimeout, requested %d times", k, c)
+	}
+}
+
+// TestASlowHealthyAPIKeepsTheRelayReady: two keys with a backlog, in
+// lanes 16 apart (one for each pass), to an API that answers each request
+// in 300 ms. A pass sends its key's rows one after another until its
+// window ends (PublishTimeout + 1 s), then leaves the rest for the next:
+// every request answered 200, no error. Though each pass waits long for
+// its turn, the relay is ready throughout.
+func TestASlowHealthyAPIKeepsTheRelayReady(t *testing.T) {
+	db, _ := testenv.Schema(t)
+	_, u := newSlowAPI(t, 300*time.Millisecond)
+	g := newGuard(t, db)
+	for i, k := range []string{keysOfLane(0, 1)[0], keysOfLane(16, 1)[0]} {
+		for j := range 40 {
+			id := fmt.Sprintf("e%d-%02d", i, j)
+			send(t, g, id, outbox.Message{EventID: id, To: "api", Key: k, Body: []byte(id)})
+		}
+	}
+	r := run(t, relay.Config{DB: db, PublishTimeout: time.Second, Retention: time.Hour,
+		Destinations: amqpDest(t, "api="+u)})
+	require.Eventually(t, func() bool { return states(t, db)["sent"] > 0 }, 20*time.Second, 10*time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // the first pass's readiness is recorded
+	var whys []string
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if err := r.Ready(); err != nil && (len(whys) == 0 || whys[len(whys)-1] != err.Error()) {
+			whys = append(whys, err.Error())
+		}
+	}
+	require.Empty(t, whys, "every request was answered 200 within its timeout")
+}
+
+// delayProxy forwards TCP to target; what the server sends more than
+// after ms after the connection opened (past its handshake) reaches the
+// client delay late: a broker whose confirms come delay after a publish.
+func delayProxy(t *testing.T, target string, after, delay time.Duration) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	var conns sync.WaitGroup
+	t.Cleanup(conns.Wait)
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			opened := time.Now()
+			conns.Add(2)
+			go func() { defer conns.Done(); _, _ = io.Copy(s, c); _ = s.Close() }()
+			go func() {
+				defer conns.Done()
+				type chunk struct {
+					at time.Time
+					b  []byte
+				}
+				q := make(chan chunk, 1024)
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					for ch := range q {
+						time.Sleep(time.Until(ch.at))
+						if _, err := c.Write(ch.b); err != nil {
+							return
+						}
+					}
+				}()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := s.Read(buf)
+					if n > 0 {
+						at := time.Now()
+						if at.Sub(opened) > after {
+							at = at.Add(delay)
+						}
+						q <- chunk{at, append([]byte(nil), buf[:n]...)}
+					}
+					if err != nil {
+						break
+					}
+				}
+				close(q)
+				select {
+				case <-done:
+				case <-stop:
+				}
+				_ = c.Close()
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestConfirmsWithinThePublishTimeoutArePublishedOnce: a broker whose
+// confirms come 1.2 s after each publish, within the PublishTimeout of
+// 2 s, and rows in lanes both passes take. A pass that waits for the
+// other's turn to publish still has its whole PublishTimeout for its
+// confirms: every row is published once, and the relay stays ready.
+func TestConfirmsWithinThePublishTimeoutArePublishedOnce(t *testing.T) {
+	db, _ := testenv.Schema(t)
+	top := declare(t, testenv.Queue(t, testenv.AMQPURL()), 1)
+	u, err := url.Parse(testenv.AMQPURL())
+	require.NoError(t, err)
+	u.Host = delayProxy(t, u.Host, 500*time.Millisecond, 1200*time.Millisecond)
+	g := newGuard(t, db)
+	r := run(t, relay.Config{DB: db, AMQPURLs: []string{u.String()}, PublishTimeout: 2 * time.Second, Retention: time.Hour,
+		Destinations: amqpDest(t, "q=queue:"+top.Queue)})
+	// A first row dials the relay's connection; past its first 500 ms,
+	// the broker's frames come 1.2 s late.
+	send(t, g, "warm", outbox.Message{EventID: "warm", To: "q", Key: "warm", Body: []byte("warm")})
+	require.Eventually(t, func() bool { return states(t, db)["sent"] == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Len(t, take(t, 1, top.Queue), 1)
+	time.Sleep(700 * time.Millisecond)
+	var msgs []outbox.Message
+	for _, lane := range []int{0, 8, 16, 24} {
+		for _, k := range keysOfLane(lane, 5) {
+			msgs = append(msgs, outbox.Message{EventID: "batch", Index: len(msgs), To: "q", Key: k, Body: []byte(k)})
+		}
+	}
+	send(t, g, "batch", msgs...)
+	n := len(msgs) + 1
+	var mu sync.Mutex
+	whys := map[string]bool{}
+	stopWatch := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case <-stopWatch:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			if err := r.Ready(); err != nil && err.Error() != "not started" {
+				mu.Lock()
+				whys[err.Error()] = true
+				mu.Unlock()
+			}
+		}
+	}()
+	require.Eventually(t, func() bool { return states(t, db)["sent"] == n }, 40*time.Second, 20*time.Millisecond)
+	close(stopWatch)
+	<-watched
+	got := take(t, n-1, top.Queue)
+	by := map[string]int{}
+	for _, d := range got {
+		by[d.MessageId]++
+	}
+	again := 0
+	for _, c := range by {
+		if c > 1 {
+			again++
+		}
+	}
+	assert.Zero(t, again, "of %d messages the broker confirmed within the PublishTimeout, %d were published again", n-1, again)
+	for why := range whys {
+		assert.NotContains(t, why, "refused", "a broker that answers every dial is reported as refusing it")
+	}
+	assert.Empty(t, whys, "the broker confirmed every publish within the PublishTimeout")
+}
+
+// TestSmallPoolsAndLaneSplitsKeepOrderAndFinish: pools of one to three
+// connections (the listener holds one of them), and lane splits that give
+// one pass or two, which may meet on a lane: every row is published, each
+// key's rows in order.
+func TestSmallPoolsAndLaneSplitsKeepOrderAndFinish(t *testing.T) {
+	for _, c := range []struct{ conns, lanes int }{{1, 8}, {2, 8}, {1, 1}, {2, 11}, {3, 16}, {3, 17}, {3, 32}} {
+		t.Run(fmt.Sprintf("conns%d-lanes%d", c.conns, c.lanes), func(t *testing.T) {
+			db, u := testenv.Schema(t)
+			pc, err := pgxpool.ParseConfig(u)
+			require.NoError(t, err)
+			pc.MaxConns = int32(c.conns)
+			pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			top := declare(t, testenv.Queue(t, testenv.AMQPURL()), 1)
+			g := newGuard(t, db)
+			const n = 200
+			for i := range n / 10 {
+				var msgs []outbox.Message
+				id := fmt.Sprintf("e%03d", i)
+				for j := range 10 {
+					k := i*10 + j
+					msgs = append(msgs, outbox.Message{EventID: id, Index: j, To: "q", Key: fmt.Sprintf("u%d", k%13), Body: []byte(fmt.Sprintf("%04d", k))})
+				}
+				send(t, g, id, msgs...)
+			}
+			run(t, relay.Config{DB: pool, AMQPURLs: []string{testenv.AMQPURL()}, BatchSize: 7, LanesPerPass: c.lanes,
+				Destinations: amqpDest(t, "q=queue:"+top.Queue)})
+			got := take(t, n, top.Queue)
+			require.Len(t, got, n)
+			last := map[int]int{}
+			for _, d := range got {
+				var k int
+				_, err := fmt.Sscanf(string(d.Body), "%04d", &k)
+				require.NoError(t, err)
+				if p, ok := last[k%13]; ok {
+					require.Less(t, p, k, "key u%d", k%13)
+				}
+				last[k%13] = k
+			}
+			require.Eventually(t, func() bool { return states(t, db)["pending"] == 0 }, 10*time.Second, 20*time.Millisecond)
+		})
+	}
+}
+
+// TestAnIdleRelayClaimsEachLaneOncePerPoll: an idle relay's two passes
+// look at each lane once between them per PollInterval, or per
+// notification (other tests' inserts notify too): Lanes/LanesPerPass
+// claims, not that many each.
+func TestAnIdleRelayClaimsEachLaneOncePerPoll(t *testing.T) {
+	_, u := testenv.Schema(t)
+	pc, err := pgxpool.ParseConfig(u)
+	require.NoError(t, err)
+	var c claimTracer
+	pc.ConnConfig.Tracer = &c
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	// The notifications the relay hears: each may start a round.
+	lc, err := pgx.Connect(context.Background(), u)
+	require.NoError(t, err)
+	_, err = lc.Exec(context.Background(), "LISTEN idem_outbox")
+	require.NoError(t, err)
+	var notes atomic.Int64
+	lctx, stopListening := context.WithCancel(context.Background())
+	listened := make(chan struct{})
+	go func() {
+		defer close(listened)
+		for {
+			if _, err := lc.WaitForNotification(lctx); err != nil {
+				return
+			}
+			notes.Add(1)
+		}
+	}()
+	t.Cleanup(func() { stopListening(); <-listened; _ = lc.Close(context.Background()) })
+
+	const poll, window = 250 * time.Millisecond, 2500 * time.Millisecond
+	run(t, relay.Config{DB: pool, LanesPerPass: 1, PollInterval: poll, Destinations: amqpDest(t, "api=http://127.0.0.1:1")})
+	time.Sleep(600 * time.Millisecond)
+	claims0, notes0 := c.all.Load(), notes.Load()
+	time.Sleep(window)
+	claims, rounds := c.all.Load()-claims0, int64(window/poll)+notes.Load()-notes0
+	t.Logf("%d claims in %s, %d polls and notifications", claims, window, rounds)
+	require.GreaterOrEqual(t, claims, int64(window/poll/2)*relay.Lanes, "an idle relay polls")
+	require.LessOrEqual(t, float64(claims), 1.25*float64(rounds*relay.Lanes), "one round of the lanes per poll or notification")
+}
