@@ -2,6 +2,7 @@ package broker_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -138,4 +139,30 @@ func waitDone(t *testing.T, p *broker.Publisher) {
 		t.Fatal("the publisher did not see its channel end")
 	}
 	require.Error(t, p.Err())
+}
+
+// TestEveryReturnInABatchIsToldApart: batches mixing routable and
+// unroutable messages, the returns interleaved with acks (some multiple):
+// Publish waits once a batch for the returns to be read, and still tells
+// every returned message from the confirmed ones.
+func TestEveryReturnInABatchIsToldApart(t *testing.T) {
+	q := declare(t, nil)
+	p := openPublisher(t, testenv.AMQPURL(), broker.PublisherOptions{})
+	for round := range 20 {
+		var msgs []broker.Message
+		var want []broker.Outcome
+		for i := range 300 {
+			if (i*7+round)%5 == 0 {
+				msgs = append(msgs, msg("idem.test.nobody-binds-this", fmt.Sprint(i)))
+				want = append(want, broker.Returned)
+			} else {
+				msgs = append(msgs, msg(q, fmt.Sprint(i)))
+				want = append(want, broker.Confirmed)
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		rs := p.Publish(ctx, msgs...)
+		cancel()
+		require.Equal(t, want, outcomes(rs), "round %d", round)
+	}
 }
