@@ -266,13 +266,14 @@ func (r *Relay) passes(ctx context.Context, wake <-chan struct{}) {
 			continue
 		}
 		backoff = r.cfg.BackoffMin
-		if !r.idle.ended(gen, p.claimed > 0, Lanes/r.cfg.LanesPerPass) {
+		wait, idle := r.idle.ended(gen, p.claimed > 0, Lanes/r.cfg.LanesPerPass, r.cfg.PollInterval)
+		if !idle {
 			continue // the other lanes may hold rows
 		}
 		select {
 		case <-ctx.Done():
 		case <-wake:
-		case <-time.After(r.cfg.PollInterval):
+		case <-time.After(wait):
 		}
 	}
 }
@@ -282,9 +283,15 @@ func (r *Relay) passes(ctx context.Context, wake <-chan struct{}) {
 // PollInterval, however many passes it runs at once.
 type idleRounds struct {
 	mu    sync.Mutex
-	empty int // passes in a row that found nothing
-	round int // rounds of the lanes that found nothing, so far
+	empty int       // passes in a row that found nothing
+	round int       // rounds of the lanes that found nothing, so far
+	found time.Time // when a pass last found rows
 }
+
+// busyPoll is how long a relay that found rows less than a PollInterval
+// ago waits after a round of nothing: its lanes may have been held by
+// other relays' passes, and have rows again once those commit.
+const busyPoll = 50 * time.Millisecond
 
 // started returns, as a pass starts, the rounds of nothing so far: ended
 // tells by them whether one ended while the pass ran.
@@ -295,25 +302,32 @@ func (i *idleRounds) started() int {
 }
 
 // ended records a pass that started at round and found rows, or not, and
-// reports whether its loop should wait for a notification or the next poll:
-// the last passes found nothing in a whole round of the lanes (of passes
-// passes), this one's or one that ended while it ran.
-func (i *idleRounds) ended(round int, found bool, passes int) bool {
+// reports whether its loop should wait for a notification or the next
+// poll, and how long: the last passes found nothing in a whole round of
+// the lanes (of passes passes), this one's or one that ended while it ran.
+// The wait is poll, or busyPoll if a pass found rows within poll.
+func (i *idleRounds) ended(round int, found bool, passes int, poll time.Duration) (time.Duration, bool) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
+	now := time.Now()
+	wait := poll
+	if now.Sub(i.found) < poll {
+		wait = min(poll, busyPoll)
+	}
 	switch {
 	case found:
 		i.empty = 0
-		return false
+		i.found = now
+		return 0, false
 	case i.round != round:
-		return true
+		return wait, true
 	}
 	if i.empty++; i.empty < passes {
-		return false
+		return 0, false
 	}
 	i.empty = 0
 	i.round++
-	return true
+	return wait, true
 }
 
 // fruitlessPasses is how many passes in a row that sent nothing, every
