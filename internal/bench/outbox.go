@@ -30,7 +30,7 @@ import (
 type OutboxOptions struct {
 	Bin string // idem-lab: its relay and consume
 	// BaselineBin, if set, is an idem-lab built from an earlier commit
-	// whose relay also runs the one-relay drained row, in the same runs.
+	// whose relays also run each relay throughput row, in the same runs.
 	BaselineBin string
 	Dir         string
 	AMQPURL     string
@@ -97,18 +97,23 @@ func RunOutbox(ctx context.Context, o OutboxOptions) ([]OutboxResult, error) {
 	}
 	defer admin.Close()
 	b := &outboxBench{o: o, admin: admin}
-	rows := []outboxRow{
-		{rawPublisherRow, b.rawPublisher, false},
-		{"relay ×1, confirms, destination drained", func(ctx context.Context, i int) (outboxRun, error) { return b.throughput(ctx, o.Bin, i, 1, true) }, true},
+	rows := []outboxRow{{rawPublisherRow, b.rawPublisher, false}}
+	// relayRow adds a relay throughput row, and with a baseline build its
+	// twin run by that build's relay, in the same runs.
+	relayRow := func(name string, relays int, drain bool) {
+		rows = append(rows, outboxRow{name, func(ctx context.Context, i int) (outboxRun, error) {
+			return b.throughput(ctx, o.Bin, i, relays, drain)
+		}, drain})
+		if o.BaselineBin != "" {
+			rows = append(rows, outboxRow{name + ", baseline build", func(ctx context.Context, i int) (outboxRun, error) {
+				return b.throughput(ctx, o.BaselineBin, i, relays, drain)
+			}, drain})
+		}
 	}
-	if o.BaselineBin != "" {
-		rows = append(rows, outboxRow{"relay ×1, confirms, destination drained, baseline build", func(ctx context.Context, i int) (outboxRun, error) {
-			return b.throughput(ctx, o.BaselineBin, i, 1, true)
-		}, true})
-	}
+	relayRow("relay ×1, confirms, destination drained", 1, true)
+	relayRow("relay ×2, confirms, destination drained", 2, true)
+	relayRow("relay ×2, confirms, destination's consumer elsewhere", 2, false)
 	rows = append(rows, []outboxRow{
-		{"relay ×2, confirms, destination drained", func(ctx context.Context, i int) (outboxRun, error) { return b.throughput(ctx, o.Bin, i, 2, true) }, true},
-		{"relay ×2, confirms, destination's consumer elsewhere", func(ctx context.Context, i int) (outboxRun, error) { return b.throughput(ctx, o.Bin, i, 2, false) }, false},
 		{fmt.Sprintf("commit → delivered, %.0f/s, relay ×1", o.Rate), b.latency, false},
 		{fmt.Sprintf("two hops: payment tx → receipt tx, %.0f/s", o.Rate), b.twoHops, false},
 	}...)

@@ -74,7 +74,7 @@ every postgres, beam.smp and redis-server process.`)
 	render := fs.String("render", "", "run nothing: print the tables (and write --svg) from the JSON `file` of an earlier run")
 	standby := fs.String("standby", "", "run on a PostgreSQL of the run's own instead of the configured one: `none` (alone), async (with a streaming standby) or sync (with a synchronous standby), to measure what a standby costs")
 	standbyLatency := fs.Duration("standby-latency", 0, "with --standby async or sync, delay the standby's replication connection by this much each way (a standby in another zone)")
-	outboxRows := fs.Bool("outbox", false, "run the outbox rows instead: a raw confirming publisher (amqp091 alone, as many in flight as a relay pass) and relay throughput with confirms against it (one and two relays, --events rows prefilled; with --baseline-bin, one of the baseline's relays too), each run going through every row, commit-to-delivery latency and the two-hop pipeline's latency at --rate (default 2000 with --outbox) for --latency-for")
+	outboxRows := fs.Bool("outbox", false, "run the outbox rows instead: a raw confirming publisher (amqp091 alone, as many in flight as a relay pass) and relay throughput with confirms against it (one and two relays, --events rows prefilled; with --baseline-bin, each relay row again with the baseline's relays), each run going through every row, commit-to-delivery latency and the two-hop pipeline's latency at --rate (default 2000 with --outbox) for --latency-for")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
