@@ -34,6 +34,7 @@ type amqpPublisher struct {
 	pub     *broker.Publisher
 	next    int            // the node to dial first
 	suspect map[int64]bool // rows a channel exception left unanswered
+	closing sync.WaitGroup // publishers being closed aside (send)
 	// refused is the last dial's refusal (broker.IsRefused); nil once a
 	// dial ends otherwise. The relay is not ready while it is fresh.
 	refused atomic.Pointer[refusal]
@@ -187,8 +188,14 @@ func (p *amqpPublisher) send(ctx context.Context, dests map[string]Destination, 
 	}
 	if lost != nil {
 		// A channel that missed confirms cannot be trusted with the
-		// next pass's: its late answers would be taken for theirs.
-		p.close()
+		// next pass's: its late answers would be taken for theirs. It is
+		// closed aside: a silent broker holds a close up to
+		// broker.CloseTimeout, which the pass, holding its transaction,
+		// does not wait out.
+		if old := p.pub; old != nil {
+			p.pub = nil
+			p.closing.Go(func() { _ = old.Close() })
+		}
 	}
 	return lost
 }
@@ -211,11 +218,13 @@ func (p *amqpPublisher) close() {
 	p.pub = nil
 }
 
-// closeAll closes the publisher at the end of Run.
+// closeAll closes the publisher at the end of Run, and waits for those
+// closed aside.
 func (p *amqpPublisher) closeAll() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.close()
+	p.mu.Unlock()
+	p.closing.Wait()
 }
 
 // maxSuspects bounds the suspects a relay remembers.

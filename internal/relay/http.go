@@ -59,7 +59,9 @@ func newHTTPSender(timeout time.Duration, done int) *httpSender {
 
 // sendAll posts rows[idx]: the rows of one key one after another, in
 // order, stopping at the first that fails (the later ones are skipped, so
-// that they cannot overtake it), and up to httpConcurrency keys at once.
+// that they cannot overtake it), and up to httpConcurrency keys at once; a
+// request that could not meet its own timeout before ctx's deadline is not
+// started (timeLeft).
 // Its error says why rows were held back unsent (a request hook failed):
 // no answer of a destination's, so, as a broker out of reach, it is the
 // pass's error, and spends no attempt.
@@ -87,7 +89,7 @@ func (s *httpSender) sendAll(ctx context.Context, dests map[string]Destination, 
 			defer func() { <-sem }()
 			failed := false
 			for _, i := range byKey[k] {
-				if failed || ctx.Err() != nil {
+				if failed || ctx.Err() != nil || !s.timeLeft(ctx) {
 					results[i] = result{skipped: true}
 					continue
 				}
@@ -98,6 +100,15 @@ func (s *httpSender) sendAll(ctx context.Context, dests map[string]Destination, 
 	}
 	wg.Wait()
 	return heldBack(rows, idx, results)
+}
+
+// timeLeft reports whether a request started now meets its own timeout
+// before ctx's deadline: one that could not is not started (the pass would
+// cut it off mid-flight, after the API may have acted on it, and send it
+// again), and its row waits for the next pass, spending nothing.
+func (s *httpSender) timeLeft(ctx context.Context) bool {
+	deadline, ok := ctx.Deadline()
+	return !ok || s.client.Timeout <= 0 || time.Until(deadline) >= s.client.Timeout
 }
 
 // heldBack sums up the rows of rows[idx] whose results were held back:

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -23,12 +24,12 @@ func TestARoundOfNothingRightAfterRowsWaitsBriefly(t *testing.T) {
 		_, idle := i.ended(i.started(), false, passes, poll)
 		require.False(t, idle)
 	}
-	wait, idle := i.ended(i.started(), false, passes, poll)
+	until, idle := i.ended(i.started(), false, passes, poll)
 	require.True(t, idle)
-	require.Equal(t, poll, wait)
-	wait, idle = i.ended(other, false, passes, poll)
+	require.WithinDuration(t, time.Now().Add(poll), until, 100*time.Millisecond)
+	same, idle := i.ended(other, false, passes, poll)
 	require.True(t, idle, "the round ended while this pass ran")
-	require.Equal(t, poll, wait)
+	require.Equal(t, until, same, "the loops look again together")
 
 	// A pass that found rows starts the count again, and the next round
 	// of nothing waits only busyPoll.
@@ -38,9 +39,9 @@ func TestARoundOfNothingRightAfterRowsWaitsBriefly(t *testing.T) {
 		_, idle := i.ended(i.started(), false, passes, poll)
 		require.False(t, idle, "a round takes %d empty passes", passes)
 	}
-	wait, idle = i.ended(i.started(), false, passes, poll)
+	until, idle = i.ended(i.started(), false, passes, poll)
 	require.True(t, idle)
-	require.Equal(t, busyPoll, wait)
+	require.WithinDuration(t, time.Now().Add(busyPoll), until, 20*time.Millisecond)
 
 	// Once the rows were found longer ago than the poll interval, a round
 	// of nothing waits the whole interval again.
@@ -48,7 +49,26 @@ func TestARoundOfNothingRightAfterRowsWaitsBriefly(t *testing.T) {
 	for range passes - 1 {
 		i.ended(i.started(), false, passes, poll)
 	}
-	wait, idle = i.ended(i.started(), false, passes, poll)
+	until, idle = i.ended(i.started(), false, passes, poll)
 	require.True(t, idle)
-	require.Equal(t, poll, wait)
+	require.WithinDuration(t, time.Now().Add(poll), until, 100*time.Millisecond)
+}
+
+// TestALoopWakingBeforeTheOthersRoundEndedWaitsForItsPoll: a loop whose
+// wait ends while the other's later round of nothing set a later poll
+// waits on for that one, so that the two start their next round together.
+func TestALoopWakingBeforeTheOthersRoundEndedWaitsForItsPoll(t *testing.T) {
+	var i idleRounds
+	first := time.Now().Add(20 * time.Millisecond)
+	i.next = time.Now().Add(150 * time.Millisecond) // the other loop's, later
+	start := time.Now()
+	i.wait(context.Background(), nil, first)
+	require.GreaterOrEqual(t, time.Since(start), 140*time.Millisecond)
+
+	wake := make(chan struct{}, 1)
+	wake <- struct{}{}
+	i.next = time.Now().Add(time.Hour)
+	start = time.Now()
+	i.wait(context.Background(), wake, time.Now().Add(time.Hour))
+	require.Less(t, time.Since(start), time.Second, "a notification ends the wait")
 }

@@ -306,20 +306,10 @@ func TestSmallPoolsAndLaneSplitsKeepOrderAndFinish(t *testing.T) {
 	}
 }
 
-// TestAnIdleRelayClaimsEachLaneOncePerPoll: an idle relay's two passes
-// look at each lane once between them per PollInterval, or per
-// notification (other tests' inserts notify too): Lanes/LanesPerPass
-// claims, not that many each.
-func TestAnIdleRelayClaimsEachLaneOncePerPoll(t *testing.T) {
-	_, u := testenv.Schema(t)
-	pc, err := pgxpool.ParseConfig(u)
-	require.NoError(t, err)
-	var c claimTracer
-	pc.ConnConfig.Tracer = &c
-	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	// The notifications the relay hears: each may start a round.
+// notifications counts the idem_outbox notifications (every test's
+// inserts notify) from now until the test ends: each may wake a relay.
+func notifications(t *testing.T, u string) *atomic.Int64 {
+	t.Helper()
 	lc, err := pgx.Connect(context.Background(), u)
 	require.NoError(t, err)
 	_, err = lc.Exec(context.Background(), "LISTEN idem_outbox")
@@ -337,6 +327,23 @@ func TestAnIdleRelayClaimsEachLaneOncePerPoll(t *testing.T) {
 		}
 	}()
 	t.Cleanup(func() { stopListening(); <-listened; _ = lc.Close(context.Background()) })
+	return &notes
+}
+
+// TestAnIdleRelayClaimsEachLaneOncePerPoll: an idle relay's two passes
+// look at each lane once between them per PollInterval, or per
+// notification (other tests' inserts notify too): Lanes/LanesPerPass
+// claims, not that many each.
+func TestAnIdleRelayClaimsEachLaneOncePerPoll(t *testing.T) {
+	_, u := testenv.Schema(t)
+	pc, err := pgxpool.ParseConfig(u)
+	require.NoError(t, err)
+	var c claimTracer
+	pc.ConnConfig.Tracer = &c
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	notes := notifications(t, u) // each may start a round
 
 	const poll, window = 250 * time.Millisecond, 2500 * time.Millisecond
 	run(t, relay.Config{DB: pool, LanesPerPass: 1, PollInterval: poll, Destinations: amqpDest(t, "api=http://127.0.0.1:1")})
@@ -347,4 +354,96 @@ func TestAnIdleRelayClaimsEachLaneOncePerPoll(t *testing.T) {
 	t.Logf("%d claims in %s, %d polls and notifications", claims, window, rounds)
 	require.GreaterOrEqual(t, claims, int64(window/poll/2)*relay.Lanes, "an idle relay polls")
 	require.LessOrEqual(t, float64(claims), 1.25*float64(rounds*relay.Lanes), "one round of the lanes per poll or notification")
+}
+
+// TestASilentBrokerHoldsAPassOnlyItsBound: a broker that stops answering
+// once the relay's connection is up (its frames come a minute late). A
+// pass waits PublishTimeout for the confirms; the publisher that missed
+// them is closed aside, since a silent broker holds a close for up to
+// broker.CloseTimeout: no pass's transaction outlasts TxBound.
+func TestASilentBrokerHoldsAPassOnlyItsBound(t *testing.T) {
+	db, u := testenv.Schema(t)
+	pool, app := namedPool(t, u, nil)
+	top := declare(t, testenv.Queue(t, testenv.AMQPURL()), 1)
+	au, err := url.Parse(testenv.AMQPURL())
+	require.NoError(t, err)
+	au.Host = delayProxy(t, au.Host, 500*time.Millisecond, time.Minute)
+	g := newGuard(t, db)
+	cfg := relay.Config{DB: pool, AMQPURLs: []string{au.String()}, PublishTimeout: time.Second, Retention: time.Hour,
+		MaxAttempts: 1000, Destinations: amqpDest(t, "q=queue:"+top.Queue)}
+	runBounded(t, cfg)
+	// A first row dials the connection; past its first 500 ms the broker
+	// is silent.
+	send(t, g, "warm", outbox.Message{EventID: "warm", To: "q", Key: "warm", Body: []byte("warm")})
+	require.Eventually(t, func() bool { return states(t, db)["sent"] == 1 }, 10*time.Second, 10*time.Millisecond)
+	time.Sleep(700 * time.Millisecond)
+	for i := range 8 {
+		id := fmt.Sprintf("e%d", i)
+		send(t, g, id, outbox.Message{EventID: id, To: "q", Key: id, Body: []byte(id)})
+	}
+	var longest time.Duration
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		var us int64
+		require.NoError(t, db.QueryRow(context.Background(), `SELECT coalesce(max((extract(epoch FROM clock_timestamp() - xact_start) * 1e6)::bigint), 0)
+FROM pg_stat_activity WHERE application_name = $1 AND xact_start IS NOT NULL`, app).Scan(&us))
+		longest = max(longest, time.Duration(us)*time.Microsecond)
+	}
+	t.Logf("longest transaction %s, TxBound %s; states %v", longest, cfg.TxBound(), states(t, db))
+	require.Less(t, longest, cfg.TxBound()+500*time.Millisecond, "no pass's transaction outlasts TxBound, whatever the broker does")
+}
+
+// TestAnIdleRelaysLoopsStayInStepAfterRows: after a pass that found rows
+// (here one row to an API answering in 250 ms), the relay's two loops end
+// their rounds at different moments; they still wait for one poll time
+// and start the next round together, so that an idle relay claims each
+// lane once per PollInterval (or notification), not once per loop, which
+// nothing would bring back in step behind a transaction-mode pooler, where
+// the relay only polls. Two bursts, each followed by an idle window.
+func TestAnIdleRelaysLoopsStayInStepAfterRows(t *testing.T) {
+	db, u := testenv.Schema(t)
+	var c claimTracer
+	pool, _ := namedPool(t, u, &c)
+	notes := notifications(t, u)
+
+	_, api := newSlowAPI(t, 250*time.Millisecond)
+	const poll, window = 300 * time.Millisecond, 2400 * time.Millisecond
+	run(t, relay.Config{DB: pool, LanesPerPass: 1, PollInterval: poll, Retention: time.Hour, Destinations: amqpDest(t, "api="+api)})
+	g := newGuard(t, db)
+	var worst float64
+	for trial := range 2 {
+		id := fmt.Sprintf("e%d", trial)
+		send(t, g, id, outbox.Message{EventID: id, To: "api", Key: id, Body: []byte(id)})
+		require.Eventually(t, func() bool { return states(t, db)["sent"] == trial+1 }, 10*time.Second, 10*time.Millisecond)
+		time.Sleep(3 * poll) // past busyPoll's interval
+		claims0, notes0 := c.all.Load(), notes.Load()
+		time.Sleep(window)
+		claims, rounds := c.all.Load()-claims0, int64(window/poll)+notes.Load()-notes0
+		ratio := float64(claims) / float64(rounds*relay.Lanes)
+		t.Logf("after burst %d: %d claims in %s, %d polls and notifications: %.2f rounds of the lanes each", trial, claims, window, rounds, ratio)
+		worst = max(worst, ratio)
+	}
+	require.LessOrEqual(t, worst, 1.25, "an idle relay claims each lane once per poll or notification")
+}
+
+// TestAKeysLaterRequestIsNotStartedTooLateToBeAnswered: one key's three
+// rows to an API that answers every request in 1.4 s, within the
+// PublishTimeout of 2 s. A pass sends them one after another until its
+// deadline (claim + PublishTimeout + 1 s); a request that could not meet
+// its own timeout before it is not started (it would be cut off while the
+// API works on it, and sent again), but left to the next pass: each row is
+// requested once.
+func TestAKeysLaterRequestIsNotStartedTooLateToBeAnswered(t *testing.T) {
+	db, _ := testenv.Schema(t)
+	api, u := newSlowAPI(t, 1400*time.Millisecond)
+	g := newGuard(t, db)
+	for i := range 3 {
+		id := fmt.Sprintf("e%d", i)
+		send(t, g, id, outbox.Message{EventID: id, To: "api", Key: "one", Body: []byte(id)})
+	}
+	run(t, relay.Config{DB: db, PublishTimeout: 2 * time.Second, Retention: time.Hour, MaxAttempts: 1000,
+		Destinations: amqpDest(t, "api="+u)})
+	require.Eventually(t, func() bool { return states(t, db)["sent"] == 3 }, 30*time.Second, 20*time.Millisecond)
+	for k, n := range api.counts() {
+		require.Equal(t, 1, n, "%s: answered within the PublishTimeout, requested %d times", k, n)
+	}
 }

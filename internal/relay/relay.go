@@ -266,26 +266,24 @@ func (r *Relay) passes(ctx context.Context, wake <-chan struct{}) {
 			continue
 		}
 		backoff = r.cfg.BackoffMin
-		wait, idle := r.idle.ended(gen, p.claimed > 0, Lanes/r.cfg.LanesPerPass, r.cfg.PollInterval)
+		until, idle := r.idle.ended(gen, p.claimed > 0, Lanes/r.cfg.LanesPerPass, r.cfg.PollInterval)
 		if !idle {
 			continue // the other lanes may hold rows
 		}
-		select {
-		case <-ctx.Done():
-		case <-wake:
-		case <-time.After(wait):
-		}
+		r.idle.wait(ctx, wake, until)
 	}
 }
 
 // idleRounds counts the passes in a row, of all the relay's loops, that
 // found nothing, so that an idle relay looks at each lane once per
-// PollInterval, however many passes it runs at once.
+// PollInterval, however many passes it runs at once: its loops wait for
+// one poll time, and start the next round together.
 type idleRounds struct {
 	mu    sync.Mutex
 	empty int       // passes in a row that found nothing
 	round int       // rounds of the lanes that found nothing, so far
 	found time.Time // when a pass last found rows
+	next  time.Time // when the loops look again, after the last round of nothing
 }
 
 // busyPoll is how long a relay that found rows less than a PollInterval
@@ -303,31 +301,58 @@ func (i *idleRounds) started() int {
 
 // ended records a pass that started at round and found rows, or not, and
 // reports whether its loop should wait for a notification or the next
-// poll, and how long: the last passes found nothing in a whole round of
+// poll, and until when: the last passes found nothing in a whole round of
 // the lanes (of passes passes), this one's or one that ended while it ran.
-// The wait is poll, or busyPoll if a pass found rows within poll.
-func (i *idleRounds) ended(round int, found bool, passes int, poll time.Duration) (time.Duration, bool) {
+// The next poll is poll after the round's end, or busyPoll if a pass found
+// rows within poll.
+func (i *idleRounds) ended(round int, found bool, passes int, poll time.Duration) (time.Time, bool) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	now := time.Now()
-	wait := poll
-	if now.Sub(i.found) < poll {
-		wait = min(poll, busyPoll)
-	}
 	switch {
 	case found:
 		i.empty = 0
 		i.found = now
-		return 0, false
+		return time.Time{}, false
 	case i.round != round:
-		return wait, true
+		return i.next, true
 	}
 	if i.empty++; i.empty < passes {
-		return 0, false
+		return time.Time{}, false
+	}
+	wait := poll
+	if now.Sub(i.found) < poll {
+		wait = min(poll, busyPoll)
 	}
 	i.empty = 0
 	i.round++
-	return wait, true
+	i.next = now.Add(wait)
+	return i.next, true
+}
+
+// wait waits until ctx ends, wake, or the next poll: until, or later if
+// another loop's round of nothing ended meanwhile and moved it, so that
+// the loops look again together.
+func (i *idleRounds) wait(ctx context.Context, wake <-chan struct{}, until time.Time) {
+	for {
+		t := time.NewTimer(time.Until(until))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-wake:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		i.mu.Lock()
+		next := i.next
+		i.mu.Unlock()
+		if !next.After(until) {
+			return
+		}
+		until = next
+	}
 }
 
 // fruitlessPasses is how many passes in a row that sent nothing, every
