@@ -14,7 +14,7 @@ import (
 // connection of its own, until ctx ends. It is only a hint: the relay polls
 // too, so a lost notification (while this reconnects) delays rows by at
 // most the poll interval.
-func listen(ctx context.Context, db *pgxpool.Pool, wake func(), log *slog.Logger) {
+func listen(ctx context.Context, db *pgxpool.Pool, wake chan<- struct{}, log *slog.Logger) {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		// A transaction-mode pooler lends the LISTENing session to other
@@ -34,7 +34,7 @@ func listen(ctx context.Context, db *pgxpool.Pool, wake func(), log *slog.Logger
 	}
 }
 
-func listenOnce(ctx context.Context, db *pgxpool.Pool, wake func()) error {
+func listenOnce(ctx context.Context, db *pgxpool.Pool, wake chan<- struct{}) error {
 	c, err := db.Acquire(ctx)
 	if err != nil {
 		return err
@@ -48,6 +48,9 @@ func listenOnce(ctx context.Context, db *pgxpool.Pool, wake func()) error {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
 			return err
 		}
-		wake()
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
 	}
 }

@@ -42,9 +42,6 @@ type pauses struct {
 
 	mu sync.Mutex
 	by map[string]*pause
-	// recording is held by record: the relay's passes call it each after
-	// its own, and an older state must not be written after a newer.
-	recording sync.Mutex
 }
 
 // pause is one destination's breaker and what the relay knows of it.
@@ -306,8 +303,6 @@ func (ps *pauses) judge(rows []*row, results []result, dones []func(error)) {
 // outbox list and other relays' operators; a resumed destination's rows go.
 // Best effort: the pause holds whatever the database says.
 func (ps *pauses) record(ctx context.Context) {
-	ps.recording.Lock()
-	defer ps.recording.Unlock()
 	ps.mu.Lock()
 	all := make([]*pause, 0, len(ps.by))
 	for _, p := range ps.by {

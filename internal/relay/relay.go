@@ -11,14 +11,6 @@
 // again, with the same message IDs. Rows are read by their state, never
 // past a cursor, so a transaction that commits after a later one is not
 // skipped.
-//
-// A relay runs two passes at once, on different lanes, as two relays
-// would; their publishes take turns, so that while one pass waits for the
-// broker's confirms the other marks its rows, commits, and claims its
-// next. The broker sees one pass's publishes in flight at a time. A pass
-// whose turn does not come at once (the other publishes to a slow
-// destination) lets its rows go and claims them again in its turn, so that
-// it may publish for its whole PublishTimeout.
 package relay
 
 import (
@@ -121,32 +113,14 @@ func (c Config) WithDefaults() Config {
 
 // Relay publishes the outbox. Create it with New, run it with Run.
 type Relay struct {
-	cfg  Config
-	log  *slog.Logger
-	amqp *amqpPublisher
-	http *httpSender
-
-	laneMu sync.Mutex
+	cfg    Config
+	log    *slog.Logger
+	amqp   *amqpPublisher
+	http   *httpSender
 	lane   int // the first lane of the next pass
-
-	// turn is held by the pass that publishes: one at a time.
-	turn chan struct{}
-	// health is what the passes found, in the order they ended, and
-	// ready the "" or why not ready it makes of it (see Ready).
-	health passHealth
-	idle   idleRounds
 	ready  atomic.Value
 	pauses *pauses
 }
-
-// passesAtOnce is how many passes a relay runs at once. While one publishes
-// and waits for its confirms, the other marks and commits what it
-// published and claims its next rows, so the database's round trips and
-// the commit's flush are off the publishing's path. Their lanes differ
-// (a lane is held from the claim to the commit; see nextLanes) and their
-// publishes take turns (Relay.turn), so the rows of one key stay in order
-// and the broker never has more than one pass's publishes in flight.
-const passesAtOnce = 2
 
 // New checks cfg and returns a Relay.
 func New(cfg Config) (*Relay, error) {
@@ -163,7 +137,7 @@ func New(cfg Config) (*Relay, error) {
 	case cfg.BackoffMin > cfg.BackoffMax:
 		return nil, errors.New("relay: BackoffMin above BackoffMax")
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger, lane: rand.IntN(Lanes), turn: make(chan struct{}, 1)}
+	r := &Relay{cfg: cfg, log: cfg.Logger, lane: rand.IntN(Lanes)}
 	for _, d := range cfg.Destinations {
 		if d.Kind != HTTP && len(cfg.AMQPURLs) == 0 {
 			return nil, fmt.Errorf("relay: destination %s needs an AMQP URL", d.Name)
@@ -176,21 +150,10 @@ func New(cfg Config) (*Relay, error) {
 	return r, nil
 }
 
-// passesAtOnce is how many passes the relay runs at once: one when a pass
-// takes more than half the lanes, since a second would find them held by
-// the first.
-func (r *Relay) passesAtOnce() int {
-	if Lanes/r.cfg.LanesPerPass < passesAtOnce {
-		return 1
-	}
-	return passesAtOnce
-}
-
 // Ready returns nil once a pass has run, the last one reached the
 // database, the last one with rows reached their destinations (their
 // request hooks too), the broker has not refused the relay's connection
-// lately, and no destination is paused; otherwise why not. The passes
-// running at once count in the order they ended.
+// lately, and no destination is paused; otherwise why not.
 func (r *Relay) Ready() error {
 	var errs []error
 	if s := r.ready.Load().(string); s != "" {
@@ -220,45 +183,53 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := pgsession.CheckPool(ctx, r.cfg.DB); errors.Is(err, pgsession.ErrPooledStatements) {
 		return fmt.Errorf("relay: %w (in pgx: ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe)", err)
 	}
+	wake := make(chan struct{}, 1)
 	r.pauses.clearOwn(ctx)
-	wakes := make([]chan struct{}, r.passesAtOnce())
-	for i := range wakes {
-		wakes[i] = make(chan struct{}, 1)
-	}
-	helpers.Go(func() {
-		listen(hctx, r.cfg.DB, func() {
-			for _, w := range wakes {
-				select {
-				case w <- struct{}{}:
-				default:
-				}
-			}
-		}, r.log)
-	})
+	helpers.Go(func() { listen(hctx, r.cfg.DB, wake, r.log) })
 	helpers.Go(func() { r.retain(hctx) })
 	if r.cfg.Metrics != nil {
 		helpers.Go(func() { r.cfg.Metrics.watch(hctx, r.cfg.DB, r.log) })
 	}
-	var passes sync.WaitGroup
-	for i := range wakes {
-		passes.Go(func() { r.passes(ctx, wakes[i]) })
-	}
-	passes.Wait()
-	return nil
-}
-
-// passes runs one pass after another until ctx ends, and waits for wake
-// (or PollInterval) once a round of the lanes found nothing.
-func (r *Relay) passes(ctx context.Context, wake <-chan struct{}) {
 	backoff := r.cfg.BackoffMin
+	idle := 0      // passes in a row that found nothing
+	fruitless := 0 // passes in a row that claimed rows and sent none, all refused
+	// A pass that claims nothing (its lanes empty, or their rows waiting
+	// out a backoff) says nothing of the destinations: what the last pass
+	// with rows found stands until the next.
+	var unreached error   // that pass could not reach a destination, or a request hook failed
+	var lastRefused error // the last publish a destination refused
 	for ctx.Err() == nil {
-		gen := r.idle.started()
 		p, err := r.pass(ctx)
 		if ctx.Err() != nil {
 			break
 		}
 		r.pauses.record(ctx)
-		r.health.ended(p, err, &r.ready)
+		if p.lastErr != nil {
+			lastRefused = p.lastErr
+		}
+		if p.claimed > 0 {
+			unreached = err
+			switch {
+			case err != nil: // its answers say nothing of the rows it did not reach
+			case p.sent > 0 || p.failed == 0:
+				fruitless = 0
+			default:
+				fruitless++
+			}
+		}
+		switch {
+		case err != nil:
+			r.ready.Store(err.Error())
+		case unreached != nil:
+			r.ready.Store(unreached.Error())
+		case fruitless >= fruitlessPasses:
+			// Every destination answers, and refuses everything: the
+			// rows are not lost (they retry, then go dead), but the
+			// relay is not doing its job and must say so.
+			r.ready.Store(fmt.Sprintf("the last %d passes sent nothing: every publish failed (the last: %v)", fruitless, lastRefused))
+		default:
+			r.ready.Store("")
+		}
 		if err != nil {
 			r.log.Warn("relay pass failed; retrying", "err", err, "in", backoff)
 			sleep(ctx, jitter(backoff))
@@ -266,142 +237,26 @@ func (r *Relay) passes(ctx context.Context, wake <-chan struct{}) {
 			continue
 		}
 		backoff = r.cfg.BackoffMin
-		until, idle := r.idle.ended(gen, p.claimed > 0, Lanes/r.cfg.LanesPerPass, r.cfg.PollInterval)
-		if !idle {
+		if p.claimed > 0 {
+			idle = 0
+			continue
+		}
+		if idle++; idle < Lanes/r.cfg.LanesPerPass {
 			continue // the other lanes may hold rows
 		}
-		r.idle.wait(ctx, wake, until)
-	}
-}
-
-// idleRounds counts the passes in a row, of all the relay's loops, that
-// found nothing, so that an idle relay looks at each lane once per
-// PollInterval, however many passes it runs at once: its loops wait for
-// one poll time, and start the next round together.
-type idleRounds struct {
-	mu    sync.Mutex
-	empty int       // passes in a row that found nothing
-	round int       // rounds of the lanes that found nothing, so far
-	found time.Time // when a pass last found rows
-	next  time.Time // when the loops look again, after the last round of nothing
-}
-
-// busyPoll is how long a relay that found rows less than a PollInterval
-// ago waits after a round of nothing: its lanes may have been held by
-// other relays' passes, and have rows again once those commit.
-const busyPoll = 50 * time.Millisecond
-
-// started returns, as a pass starts, the rounds of nothing so far: ended
-// tells by them whether one ended while the pass ran.
-func (i *idleRounds) started() int {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	return i.round
-}
-
-// ended records a pass that started at round and found rows, or not, and
-// reports whether its loop should wait for a notification or the next
-// poll, and until when: the last passes found nothing in a whole round of
-// the lanes (of passes passes), this one's or one that ended while it ran.
-// The next poll is poll after the round's end, or busyPoll if a pass found
-// rows within poll.
-func (i *idleRounds) ended(round int, found bool, passes int, poll time.Duration) (time.Time, bool) {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	now := time.Now()
-	switch {
-	case found:
-		i.empty = 0
-		i.found = now
-		return time.Time{}, false
-	case i.round != round:
-		return i.next, true
-	}
-	if i.empty++; i.empty < passes {
-		return time.Time{}, false
-	}
-	wait := poll
-	if now.Sub(i.found) < poll {
-		wait = min(poll, busyPoll)
-	}
-	i.empty = 0
-	i.round++
-	i.next = now.Add(wait)
-	return i.next, true
-}
-
-// wait waits until ctx ends, wake, or the next poll: until, or later if
-// another loop's round of nothing ended meanwhile and moved it, so that
-// the loops look again together.
-func (i *idleRounds) wait(ctx context.Context, wake <-chan struct{}, until time.Time) {
-	for {
-		t := time.NewTimer(time.Until(until))
+		idle = 0
 		select {
 		case <-ctx.Done():
-			t.Stop()
-			return
 		case <-wake:
-			t.Stop()
-			return
-		case <-t.C:
+		case <-time.After(r.cfg.PollInterval):
 		}
-		i.mu.Lock()
-		next := i.next
-		i.mu.Unlock()
-		if !next.After(until) {
-			return
-		}
-		until = next
 	}
+	return nil
 }
 
 // fruitlessPasses is how many passes in a row that sent nothing, every
 // publish refused, make the relay not ready.
 const fruitlessPasses = 3
-
-// passHealth is what the relay's passes found, in the order they ended.
-type passHealth struct {
-	mu sync.Mutex
-	// A pass that claims nothing (its lanes empty, or their rows waiting
-	// out a backoff) says nothing of the destinations: what the last pass
-	// with rows found stands until the next.
-	unreached   error // that pass could not reach a destination, or a request hook failed
-	lastRefused error // the last publish a destination refused
-	fruitless   int   // passes in a row that claimed rows and sent none, all refused
-}
-
-// ended records a pass that ended with p and err, and stores in ready ""
-// or why the relay is not ready.
-func (h *passHealth) ended(p passResult, err error, ready *atomic.Value) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if p.lastErr != nil {
-		h.lastRefused = p.lastErr
-	}
-	if p.claimed > 0 {
-		h.unreached = err
-		switch {
-		case err != nil: // its answers say nothing of the rows it did not reach
-		case p.sent > 0 || p.failed == 0:
-			h.fruitless = 0
-		default:
-			h.fruitless++
-		}
-	}
-	switch {
-	case err != nil:
-		ready.Store(err.Error())
-	case h.unreached != nil:
-		ready.Store(h.unreached.Error())
-	case h.fruitless >= fruitlessPasses:
-		// Every destination answers, and refuses everything: the rows
-		// are not lost (they retry, then go dead), but the relay is not
-		// doing its job and must say so.
-		ready.Store(fmt.Sprintf("the last %d passes sent nothing: every publish failed (the last: %v)", h.fruitless, h.lastRefused))
-	default:
-		ready.Store("")
-	}
-}
 
 // passResult sums up a pass: rows claimed, sent, failed (their attempt
 // spent), and the last failure.
@@ -478,36 +333,23 @@ FOR UPDATE OF o SKIP LOCKED`
 
 // pass claims, publishes and marks one batch.
 func (r *Relay) pass(ctx context.Context) (passResult, error) {
-	lanes := r.nextLanes()
-	tx, rows, err := r.claimIn(ctx, lanes)
+	lanes := make([]int16, r.cfg.LanesPerPass)
+	for i := range lanes {
+		lanes[i] = int16((r.lane + i) % Lanes)
+	}
+	r.lane = (r.lane + r.cfg.LanesPerPass) % Lanes
+
+	tx, err := r.cfg.DB.Begin(ctx)
+	if err != nil {
+		return passResult{}, fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := r.claim(ctx, tx, lanes)
 	if err != nil || len(rows) == 0 {
 		return passResult{}, err
 	}
-	defer func() {
-		if tx != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
 	claimed := time.Now()
-	if !r.takeTurn(ctx, turnWait) {
-		// The other pass publishes for long: a slow destination. Rather
-		// than hold these rows while it does, and cut this pass's own
-		// publishing short to keep the transaction within TxBound, let
-		// them go, and claim again once it is this pass's turn. Nothing
-		// was published, nothing is spent.
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		if !r.takeTurn(ctx, -1) {
-			return passResult{}, nil // ctx ended
-		}
-		tx, rows, err = r.claimIn(ctx, lanes)
-		if err != nil || len(rows) == 0 {
-			<-r.turn
-			return passResult{}, err
-		}
-		claimed = time.Now()
-	}
-	results, pubErr := r.publish(ctx, rows, claimed)
-	<-r.turn
+	results, pubErr := r.publish(ctx, rows)
 	step.Reached(ctx, step.RelayPublished)
 	if err := r.mark(ctx, tx, rows, results); err != nil {
 		return passResult{}, err
@@ -528,68 +370,6 @@ func (r *Relay) pass(ctx context.Context) (passResult, error) {
 		}
 	}
 	return p, pubErr
-}
-
-// claimIn begins a transaction and claims in it the due rows of lanes. With
-// no rows, or an error, the transaction is over.
-func (r *Relay) claimIn(ctx context.Context, lanes []int16) (pgx.Tx, []*row, error) {
-	tx, err := r.cfg.DB.Begin(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("begin: %w", err)
-	}
-	rows, err := r.claim(ctx, tx, lanes)
-	if err != nil || len(rows) == 0 {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return nil, nil, err
-	}
-	return tx, rows, nil
-}
-
-// turnWait is the longest a pass holding claimed rows waits for its turn
-// to publish. It is short next to passSlack: a pass's publishing may then
-// take its whole PublishTimeout from its turn, and a request sent at once
-// still meets its own timeout before the pass's, within TxBound from the
-// claim. A healthy pass publishes a batch in a few milliseconds.
-const turnWait = passSlack / 4
-
-// takeTurn takes the turn to publish (give it back with <-r.turn), waiting
-// at most wait for the other pass to give it back, or until ctx ends if
-// wait is negative. It reports whether it took it.
-func (r *Relay) takeTurn(ctx context.Context, wait time.Duration) bool {
-	select {
-	case r.turn <- struct{}{}:
-		return true
-	default:
-	}
-	var expired <-chan time.Time
-	if wait >= 0 {
-		t := time.NewTimer(wait)
-		defer t.Stop()
-		expired = t.C
-	}
-	select {
-	case r.turn <- struct{}{}:
-		return true
-	case <-ctx.Done():
-		return false
-	case <-expired:
-		return false
-	}
-}
-
-// nextLanes returns the lanes of the next pass: LanesPerPass of them,
-// after the last pass's. Passes running at once take their lanes in turn,
-// and a pass claims again only after it committed, so with at least
-// passesAtOnce rounds of lanes a pass never asks for lanes the other holds.
-func (r *Relay) nextLanes() []int16 {
-	r.laneMu.Lock()
-	defer r.laneMu.Unlock()
-	lanes := make([]int16, r.cfg.LanesPerPass)
-	for i := range lanes {
-		lanes[i] = int16((r.lane + i) % Lanes)
-	}
-	r.lane = (r.lane + r.cfg.LanesPerPass) % Lanes
-	return lanes
 }
 
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx, lanes []int16) ([]*row, error) {
@@ -615,11 +395,10 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx, lanes []int16) ([]*row, er
 	return out, nil
 }
 
-// publish sends every row to its destination, within PublishTimeout, and
-// within TxBound of claimed, and returns each row's result. The error, if
-// any, is a destination that could not be reached, or a request hook that
-// failed (their rows are skipped, not failed).
-func (r *Relay) publish(ctx context.Context, rows []*row, claimed time.Time) ([]result, error) {
+// publish sends every row to its destination and returns each row's
+// result. The error, if any, is a destination that could not be reached,
+// or a request hook that failed (their rows are skipped, not failed).
+func (r *Relay) publish(ctx context.Context, rows []*row) ([]result, error) {
 	results := make([]result, len(rows))
 	dones := r.pauses.admit(rows, results)
 	var amqpRows, httpRows []int
@@ -636,12 +415,11 @@ func (r *Relay) publish(ctx context.Context, rows []*row, claimed time.Time) ([]
 		}
 	}
 	// The pass holds its transaction and its rows' locks while it
-	// publishes: whatever the destinations do, that lasts at most TxBound
-	// from the claim, PublishTimeout and a second (so that a request sent
-	// at once, at most turnWait after the claim, meets its own timeout,
-	// which spends an attempt, before the pass's, which spends none). What
-	// the pass did not reach waits for the next.
-	pctx, cancel := context.WithDeadline(ctx, claimed.Add(r.cfg.PublishTimeout+passSlack))
+	// publishes: whatever the destinations do, that lasts at most
+	// PublishTimeout (and a second, so that a request sent at once meets
+	// its own timeout, which spends an attempt, before the pass's, which
+	// spends none). What the pass did not reach waits for the next.
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout+passSlack)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- r.http.sendAll(pctx, r.cfg.Destinations, rows, httpRows, results) }()

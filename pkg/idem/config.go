@@ -26,8 +26,7 @@ type Config struct {
 	// service's name. Required.
 	Scope string
 	// DatabaseURL is the PostgreSQL URL (or DSN) the service opens a pool
-	// on, sized Consumer.Workers + 4 (and 4 more with a relay) unless the
-	// URL sets pool_max_conns.
+	// on, sized Consumer.Workers + 4 unless the URL sets pool_max_conns.
 	// Its sessions are bounded on both ends (TCP keepalives and user
 	// timeout; idle_in_transaction_session_timeout, statement_timeout and
 	// lock_timeout from Consumer.HandlerTimeout), unless the URL sets them.

@@ -17,14 +17,14 @@ import (
 func (c *Config) relayOn() bool { return len(c.Outbox.Destinations) > 0 && !c.NoRelay }
 
 // relayConns is how many connections a pool opened from DatabaseURL gets
-// beyond the consumer's for the relay: the two passes' it runs at once,
-// the listener's while it dials (then it leaves the pool), and one for
-// retention and the backlog gauges.
+// beyond the consumer's for the relay: a pass's, the listener's while it
+// dials (then it leaves the pool), and one for retention and the backlog
+// gauges.
 func (c *Config) relayConns() int32 {
 	if !c.relayOn() {
 		return 0
 	}
-	return 4
+	return 3
 }
 
 // relayTx is the longest transaction the relay holds on the service's

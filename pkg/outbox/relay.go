@@ -31,9 +31,8 @@ const (
 // the tuning has the defaults of the idem relay command.
 type RelayConfig struct {
 	// Databases hold idem_outbox (migrations.Guard), in shard order: a
-	// relay loop runs on each, with two passes at once (each holding a
-	// connection while it runs). A pass holds a transaction from its claim
-	// until it has published, up to PublishTimeout and a second: a pool's
+	// relay loop runs on each. A pass holds a transaction while it
+	// publishes, up to PublishTimeout and a second: a pool's
 	// idle_in_transaction_session_timeout and statement_timeout must
 	// exceed that. The relay does not close them. The front door
 	// (idem.Config.Outbox) runs on the service's own and refuses these.
