@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
@@ -37,38 +36,12 @@ func keysOfLane(lane, n int) []string {
 	return out
 }
 
-// slowAPI answers 200 after latency, and counts each Idempotency-Key's
-// arrivals.
-type slowAPI struct {
-	mu   sync.Mutex
-	seen map[string]int
-}
-
-func newSlowAPI(t *testing.T, latency time.Duration) (*slowAPI, string) {
-	a := &slowAPI{seen: map[string]int{}}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		a.mu.Lock()
-		a.seen[r.Header.Get("Idempotency-Key")]++
-		a.mu.Unlock()
-		select {
-		case <-time.After(latency):
-		case <-r.Context().Done():
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-	}))
-	t.Cleanup(srv.Close)
-	return a, srv.URL
-}
-
-func (a *slowAPI) counts() map[string]int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	out := map[string]int{}
-	for k, v := range a.seen {
-		out[k] = v
-	}
-	return out
+// newSlowAPI is a receiver that answers 200 after latency.
+func newSlowAPI(t *testing.T, latency time.Duration) (*receiver, string) {
+	return newReceiver(t, func(string, int) int {
+		time.Sleep(latency)
+		return http.StatusOK
+	})
 }
 
 // TestAnAPIAnsweringWithinThePublishTimeoutIsSentEachRowOnce: an API that
@@ -92,7 +65,7 @@ func TestAnAPIAnsweringWithinThePublishTimeoutIsSentEachRowOnce(t *testing.T) {
 	run(t, relay.Config{DB: db, PublishTimeout: 2 * time.Second, Retention: time.Hour, MaxAttempts: 1000,
 		Destinations: amqpDest(t, "api="+u)})
 	require.Eventually(t, func() bool { return states(t, db)["sent"] == n }, 40*time.Second, 20*time.Millisecond)
-	for k, c := range api.counts() {
+	for k, c := range api.count() {
 		require.Equal(t, 1, c, "%s: an answer within the PublishTimeout, requested %d times", k, c)
 	}
 }
@@ -438,7 +411,7 @@ func TestAKeysLaterRequestIsNotStartedTooLateToBeAnswered(t *testing.T) {
 	run(t, relay.Config{DB: db, PublishTimeout: 2 * time.Second, Retention: time.Hour, MaxAttempts: 1000,
 		Destinations: amqpDest(t, "api="+u)})
 	require.Eventually(t, func() bool { return states(t, db)["sent"] == 3 }, 30*time.Second, 20*time.Millisecond)
-	for k, n := range api.counts() {
+	for k, n := range api.count() {
 		require.Equal(t, 1, n, "%s: answered within the PublishTimeout, requested %d times", k, n)
 	}
 }
