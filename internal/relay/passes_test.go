@@ -3,10 +3,7 @@ package relay_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemhq/idem/internal/relay"
+	"github.com/idemhq/idem/internal/sandbox"
 	"github.com/idemhq/idem/internal/testenv"
 	"github.com/idemhq/idem/pkg/outbox"
 	"github.com/idemhq/idem/pkg/partition"
@@ -99,73 +97,15 @@ func TestASlowHealthyAPIKeepsTheRelayReady(t *testing.T) {
 	require.Empty(t, whys, "every request was answered 200 within its timeout")
 }
 
-// delayProxy forwards TCP to target; what the server sends more than
-// after ms after the connection opened (past its handshake) reaches the
-// client delay late: a broker whose confirms come delay after a publish.
-func delayProxy(t *testing.T, target string, after, delay time.Duration) string {
+// brokerLink is a fault link in front of the test's RabbitMQ, and the
+// AMQP URL that goes through it.
+func brokerLink(t *testing.T) (*sandbox.Link, string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	f := sandbox.StartFaults()
+	t.Cleanup(f.Close)
+	link, u, err := f.LinkURL("broker", testenv.AMQPURL())
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = ln.Close() })
-	var conns sync.WaitGroup
-	t.Cleanup(conns.Wait)
-	stop := make(chan struct{})
-	t.Cleanup(func() { close(stop) })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			opened := time.Now()
-			conns.Add(2)
-			go func() { defer conns.Done(); _, _ = io.Copy(s, c); _ = s.Close() }()
-			go func() {
-				defer conns.Done()
-				type chunk struct {
-					at time.Time
-					b  []byte
-				}
-				q := make(chan chunk, 1024)
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					for ch := range q {
-						time.Sleep(time.Until(ch.at))
-						if _, err := c.Write(ch.b); err != nil {
-							return
-						}
-					}
-				}()
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := s.Read(buf)
-					if n > 0 {
-						at := time.Now()
-						if at.Sub(opened) > after {
-							at = at.Add(delay)
-						}
-						q <- chunk{at, append([]byte(nil), buf[:n]...)}
-					}
-					if err != nil {
-						break
-					}
-				}
-				close(q)
-				select {
-				case <-done:
-				case <-stop:
-				}
-				_ = c.Close()
-			}()
-		}
-	}()
-	return ln.Addr().String()
+	return link, u
 }
 
 // TestConfirmsWithinThePublishTimeoutArePublishedOnce: a broker whose
@@ -176,18 +116,16 @@ func delayProxy(t *testing.T, target string, after, delay time.Duration) string 
 func TestConfirmsWithinThePublishTimeoutArePublishedOnce(t *testing.T) {
 	db, _ := testenv.Schema(t)
 	top := declare(t, testenv.Queue(t, testenv.AMQPURL()), 1)
-	u, err := url.Parse(testenv.AMQPURL())
-	require.NoError(t, err)
-	u.Host = delayProxy(t, u.Host, 500*time.Millisecond, 1200*time.Millisecond)
+	link, u := brokerLink(t)
 	g := newGuard(t, db)
-	r := run(t, relay.Config{DB: db, AMQPURLs: []string{u.String()}, PublishTimeout: 2 * time.Second, Retention: time.Hour,
+	r := run(t, relay.Config{DB: db, AMQPURLs: []string{u}, PublishTimeout: 2 * time.Second, Retention: time.Hour,
 		Destinations: amqpDest(t, "q=queue:"+top.Queue)})
-	// A first row dials the relay's connection; past its first 500 ms,
-	// the broker's frames come 1.2 s late.
+	// A first row dials the relay's connection; then the broker's frames
+	// come 1.2 s late.
 	send(t, g, "warm", outbox.Message{EventID: "warm", To: "q", Key: "warm", Body: []byte("warm")})
 	require.Eventually(t, func() bool { return states(t, db)["sent"] == 1 }, 10*time.Second, 10*time.Millisecond)
 	require.Len(t, take(t, 1, top.Queue), 1)
-	time.Sleep(700 * time.Millisecond)
+	require.NoError(t, link.LatencyOneWay(1200*time.Millisecond))
 	var msgs []outbox.Message
 	for _, lane := range []int{0, 8, 16, 24} {
 		for _, k := range keysOfLane(lane, 5) {
@@ -366,18 +304,15 @@ func TestASilentBrokerHoldsAPassOnlyItsBound(t *testing.T) {
 	db, u := testenv.Schema(t)
 	pool, app := namedPool(t, u)
 	top := declare(t, testenv.Queue(t, testenv.AMQPURL()), 1)
-	au, err := url.Parse(testenv.AMQPURL())
-	require.NoError(t, err)
-	au.Host = delayProxy(t, au.Host, 500*time.Millisecond, time.Minute)
+	link, au := brokerLink(t)
 	g := newGuard(t, db)
-	cfg := relay.Config{DB: pool, AMQPURLs: []string{au.String()}, PublishTimeout: time.Second, Retention: time.Hour,
+	cfg := relay.Config{DB: pool, AMQPURLs: []string{au}, PublishTimeout: time.Second, Retention: time.Hour,
 		MaxAttempts: 1000, Destinations: amqpDest(t, "q=queue:"+top.Queue)}
 	runBounded(t, cfg)
-	// A first row dials the connection; past its first 500 ms the broker
-	// is silent.
+	// A first row dials the connection; then the broker is silent.
 	send(t, g, "warm", outbox.Message{EventID: "warm", To: "q", Key: "warm", Body: []byte("warm")})
 	require.Eventually(t, func() bool { return states(t, db)["sent"] == 1 }, 10*time.Second, 10*time.Millisecond)
-	time.Sleep(700 * time.Millisecond)
+	require.NoError(t, link.LatencyOneWay(time.Minute))
 	for i := range 8 {
 		id := fmt.Sprintf("e%d", i)
 		send(t, g, id, outbox.Message{EventID: id, To: "q", Key: id, Body: []byte(id)})
