@@ -86,6 +86,7 @@ func dialOne(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection
 		return amqp.DialConfig(url, cfg)
 	}
 	var raw atomic.Pointer[net.Conn]
+	var socket atomic.Pointer[writeBounded]
 	var wide *wideFrames // a FrameSize above the broker's is read (ReadFrameMax)
 	// A wide connection's frame reader must sit above TLS, and amqp091
 	// puts TLS above whatever the dialler returns: on amqps:// the
@@ -120,7 +121,9 @@ func dialOne(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection
 			return nil, err
 		}
 		if cfg.FrameSize > 0 {
-			var below net.Conn = &writeBounded{Conn: c}
+			wb := &writeBounded{Conn: c}
+			socket.Store(wb)
+			var below net.Conn = wb
 			if wideTLS != nil {
 				tc := tls.Client(below, wideTLS)
 				if err := tc.HandshakeContext(ctx); err != nil {
@@ -132,7 +135,9 @@ func dialOne(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection
 			wide = &wideFrames{Conn: below, readMax: uint32(cfg.FrameSize)}
 			return wide, nil
 		}
-		return &writeBounded{Conn: c}, nil
+		wb := &writeBounded{Conn: c}
+		socket.Store(wb)
+		return wb, nil
 	}
 	// A context cancelled during the handshake ends it.
 	stop := context.AfterFunc(ctx, func() {
@@ -152,11 +157,13 @@ func dialOne(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection
 		wide.settle(conn)
 	}
 	sockets.Store(conn, *raw.Load())
+	bounded.Store(conn, socket.Load())
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	go func() {
 		for range closed { // until the library closes it
 		}
 		sockets.Delete(conn)
+		bounded.Delete(conn)
 	}()
 	return conn, nil
 }
@@ -207,8 +214,9 @@ func tlsBelowFrames(rawURL string, own *tls.Config) (string, *tls.Config, error)
 	return u.String(), cfg, nil
 }
 
-// sockets maps each open connection dialOne made to its socket.
-var sockets sync.Map
+// sockets maps each open connection dialOne made to its socket, and
+// bounded to the writeBounded over it.
+var sockets, bounded sync.Map
 
 // Close closes conn: the close handshake, given CloseTimeout, and then, if
 // the broker has not answered, the socket. A broker that reads nothing (a
@@ -255,12 +263,105 @@ const DefaultHeartbeat = 10 * time.Second
 // dialTimeout bounds the TCP connect and the AMQP handshake.
 const dialTimeout = 30 * time.Second
 
-// writeBounded sets a write deadline of WriteTimeout before every write.
-type writeBounded struct{ net.Conn }
+// writeBounded is the socket under every connection dialOne makes. It sets
+// a write deadline of WriteTimeout before every write, and while it is
+// corked it holds what the library writes and writes it in one go when
+// uncorked (or once corkMax bytes are held).
+//
+// amqp091 flushes its buffer after every message it publishes: one write,
+// and one TCP segment for the broker to read, a message. A Publisher that
+// publishes a batch corks the socket around it, so that the batch leaves
+// in a few writes and arrives in a few reads. What else the library writes
+// meanwhile (a heartbeat, a close) waits in the batch's writes, which
+// never wait for the broker: the publishes write nothing but into the held
+// bytes, and the Publisher uncorks before it waits for a confirm.
+type writeBounded struct {
+	net.Conn
+
+	mu     sync.Mutex
+	corked bool
+	held   []byte
+	err    error        // why a write of held bytes failed: every later write fails with it
+	writes atomic.Int64 // writes to the socket, for the tests
+}
+
+// corkMax is the most bytes a corked socket holds before it writes them.
+const corkMax = 32 << 10
 
 func (c *writeBounded) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return 0, c.err
+	}
+	if !c.corked {
+		return c.write(b)
+	}
+	c.held = append(c.held, b...)
+	if len(c.held) >= corkMax {
+		if err := c.flushLocked(); err != nil {
+			return 0, err
+		}
+	}
+	return len(b), nil
+}
+
+func (c *writeBounded) write(b []byte) (int, error) {
+	c.writes.Add(1)
 	if err := c.Conn.SetWriteDeadline(time.Now().Add(WriteTimeout)); err != nil {
 		return 0, err
 	}
 	return c.Conn.Write(b)
+}
+
+// flushLocked writes the held bytes. The library took them as written, so
+// if the write fails the socket is closed: its reader fails, and the
+// library ends the connection, and with it every publish it did not
+// confirm (Unanswered). Callers hold c.mu.
+func (c *writeBounded) flushLocked() error {
+	if len(c.held) == 0 {
+		return nil
+	}
+	_, err := c.write(c.held)
+	if cap(c.held) > 2*corkMax {
+		c.held = nil // one large message's worth is not kept
+	} else {
+		c.held = c.held[:0]
+	}
+	if err != nil {
+		c.err = fmt.Errorf("a corked write: %w", err)
+		_ = c.Conn.Close()
+	}
+	return err
+}
+
+// cork holds the writes until uncork. A nil c (a connection dialled with a
+// caller's own dialler) does nothing.
+func (c *writeBounded) cork() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	c.corked = true
+	c.mu.Unlock()
+}
+
+// uncork writes what cork held, and lets later writes through.
+func (c *writeBounded) uncork() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.corked = false
+	_ = c.flushLocked() // a failure ends the connection (flushLocked)
+}
+
+// corkable returns the socket of a connection dialOne made, nil for any
+// other.
+func corkable(conn *amqp.Connection) *writeBounded {
+	if w, ok := bounded.Load(conn); ok {
+		return w.(*writeBounded)
+	}
+	return nil
 }

@@ -90,10 +90,11 @@ type PublisherOptions struct {
 // unread (amqp091 drops a notification nobody takes within 5 s: a return
 // dropped that way would pass for a confirmed publish).
 type Publisher struct {
-	conn *amqp.Connection
-	ch   *amqp.Channel
-	opts PublisherOptions
-	run  string // this publisher's ID, the prefix of every publish ID
+	conn   *amqp.Connection
+	ch     *amqp.Channel
+	socket *writeBounded // corked around a batch's publishes; nil: not dialOne's
+	opts   PublisherOptions
+	run    string // this publisher's ID, the prefix of every publish ID
 
 	mu  sync.Mutex // one Publish at a time
 	seq uint64
@@ -124,7 +125,7 @@ func NewPublisher(conn *amqp.Connection, opts PublisherOptions) (*Publisher, err
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	p := &Publisher{
-		conn: conn, ch: ch, opts: opts, run: hex.EncodeToString(id[:]),
+		conn: conn, ch: ch, socket: corkable(conn), opts: opts, run: hex.EncodeToString(id[:]),
 		returns:  make(chan amqp.Return),
 		barrier:  make(chan chan struct{}),
 		ended:    make(chan struct{}),
@@ -272,6 +273,10 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...Message) []Result {
 	ids := make([]string, len(msgs))
 	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
 	var sendErr error
+	// The batch leaves in a few writes rather than one a message (see
+	// writeBounded); the publishes never wait for the broker, and the
+	// socket is uncorked before the wait for their confirms.
+	p.socket.cork()
 	for i, m := range msgs {
 		if err := validate(m); err != nil {
 			results[i] = Result{Outcome: Invalid, Err: err}
@@ -303,6 +308,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...Message) []Result {
 		}
 		confirms[i] = dc
 	}
+	p.socket.uncork()
 	acked := false
 	for i, dc := range confirms {
 		if dc == nil {
