@@ -4,9 +4,10 @@
 // consume.
 //
 // A pass takes a few lanes (rows of idem_outbox_lane, FOR UPDATE SKIP
-// LOCKED, so that relays share the lanes out), claims the oldest pending
-// rows of those lanes in id order (FOR UPDATE SKIP LOCKED), publishes them,
-// and marks the confirmed ones sent in the same transaction. A relay that
+// LOCKED, so that relays share the lanes out), reads the oldest pending
+// rows of those lanes in id order (the lane's lock is theirs: one relay at
+// a time publishes a lane's rows), publishes them, and marks the
+// confirmed ones sent in the same transaction. A relay that
 // dies before the commit leaves the rows pending and another publishes them
 // again, with the same message IDs. Rows are read by their state, never
 // past a cursor, so a transaction that commits after a later one is not
@@ -318,18 +319,29 @@ type result struct {
 	held error
 }
 
-// claim takes up to BatchSize pending rows, due now, of the pass's lanes,
-// but those of the destinations paused with no probe due ($3).
-const claim = `WITH lanes AS (
-	SELECT lane FROM idem_outbox_lane WHERE lane = ANY($2::smallint[]) FOR UPDATE SKIP LOCKED
-)
-SELECT o.id, o.scope, o.event_id, o.idx, o.destination, o.key, o.type, o.content_type, o.body, o.attempts, o.created_at,
+// lockLanes takes the lanes of $1 that no other relay holds, until the
+// pass's transaction ends.
+const lockLanes = `SELECT coalesce(array_agg(lane), '{}') FROM (
+	SELECT lane FROM idem_outbox_lane WHERE lane = ANY($1::smallint[]) FOR UPDATE SKIP LOCKED
+) l`
+
+// claim reads up to $1 pending rows, due now, of the lanes the pass holds
+// ($2), but those of the destinations paused with no probe due ($3). It
+// locks no row: a pending row is only ever published by the relay that
+// holds its lane, and only marked by that relay's pass (the tools change
+// dead rows, or lock every lane first: Resend). It runs after lockLanes,
+// in a statement of its own of a READ COMMITTED transaction, so that its
+// snapshot is taken once the lanes are held, and sees every row the lanes'
+// last holder marked or deleted. (Under REPEATABLE READ, a database's
+// default some set, the snapshot would be lockLanes's, taken before a lane
+// its holder released meanwhile: the rows it had just sent would be sent
+// again.)
+const claim = `SELECT o.id, o.scope, o.event_id, o.idx, o.destination, o.key, o.type, o.content_type, o.body, o.attempts, o.created_at,
 	(extract(epoch FROM clock_timestamp() - o.created_at) * 1e6)::bigint, o.event_at
 FROM idem_outbox o
-WHERE o.state = 'pending' AND o.next_at <= now() AND o.lane IN (SELECT lane FROM lanes)
+WHERE o.state = 'pending' AND o.next_at <= now() AND o.lane = ANY($2::smallint[])
 	AND o.destination <> ALL($3::text[])
-ORDER BY o.id LIMIT $1
-FOR UPDATE OF o SKIP LOCKED`
+ORDER BY o.id LIMIT $1`
 
 // pass claims, publishes and marks one batch.
 func (r *Relay) pass(ctx context.Context) (passResult, error) {
@@ -339,7 +351,9 @@ func (r *Relay) pass(ctx context.Context) (passResult, error) {
 	}
 	r.lane = (r.lane + r.cfg.LanesPerPass) % Lanes
 
-	tx, err := r.cfg.DB.Begin(ctx)
+	// READ COMMITTED whatever the database's default: the claim's
+	// snapshot must be taken after lockLanes holds the lanes (see claim).
+	tx, err := r.cfg.DB.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return passResult{}, fmt.Errorf("begin: %w", err)
 	}
@@ -372,8 +386,17 @@ func (r *Relay) pass(ctx context.Context) (passResult, error) {
 	return p, pubErr
 }
 
+// claim takes the lanes no other relay holds of lanes, then reads their
+// rows.
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx, lanes []int16) ([]*row, error) {
-	rs, err := tx.Query(ctx, claim, r.cfg.BatchSize, lanes, r.pauses.Held())
+	var held []int16
+	if err := tx.QueryRow(ctx, lockLanes, lanes).Scan(&held); err != nil {
+		return nil, fmt.Errorf("claim: lanes: %w", err)
+	}
+	if len(held) == 0 {
+		return nil, nil // other relays hold them all
+	}
+	rs, err := tx.Query(ctx, claim, r.cfg.BatchSize, held, r.pauses.Held())
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
@@ -414,7 +437,7 @@ func (r *Relay) publish(ctx context.Context, rows []*row) ([]result, error) {
 			amqpRows = append(amqpRows, i)
 		}
 	}
-	// The pass holds its transaction and its rows' locks while it
+	// The pass holds its transaction and its lanes' locks while it
 	// publishes: whatever the destinations do, that lasts at most
 	// PublishTimeout (and a second, so that a request sent at once meets
 	// its own timeout, which spends an attempt, before the pass's, which
