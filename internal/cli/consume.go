@@ -238,12 +238,14 @@ func parsePartitions(s string) ([]int, error) {
 	return out, nil
 }
 
-// consumerGCPercent is the garbage collector's target for consumers: their
-// live heap is a few MiB, so collecting at 4× it trades a few tens of MiB for
-// a good share of the CPU the collector would take at the default 100.
+// consumerGCPercent is the garbage collector's target for consumers and
+// relays: their live heap is a few MiB, so collecting at 4× it trades a few
+// tens of MiB for a good share of the CPU the collector would take at the
+// default 100.
 const consumerGCPercent = 400
 
-// TuneGC sets consumerGCPercent unless GOGC is set.
+// TuneGC sets consumerGCPercent unless GOGC is set (idem consume, idem
+// relay).
 func TuneGC(getenv func(string) string) {
 	if getenv("GOGC") == "" {
 		debug.SetGCPercent(consumerGCPercent)

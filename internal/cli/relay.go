@@ -50,6 +50,7 @@ dead at once. Add each to outbox.destinations; the rows stay pending.`)
 	if err := Parse(fs, args); err != nil {
 		return err
 	}
+	TuneGC(e.Getenv) // a pass's rows are its live heap, as a batch is a consumer's
 	cfg, log, dbs, err := e.LoadDBFor(ctx, *path, RelayBounds)
 	if err != nil {
 		return err
