@@ -65,12 +65,7 @@ func TestRelaysSharingLanesPublishEachRowOnce(t *testing.T) {
 	for _, iso := range []string{"read committed", "repeatable read"} {
 		t.Run(strings.ReplaceAll(iso, " ", "-"), func(t *testing.T) {
 			db, u := testenv.Schema(t)
-			pc, err := pgxpool.ParseConfig(u)
-			require.NoError(t, err)
-			pc.ConnConfig.RuntimeParams["default_transaction_isolation"] = iso
-			pool, err := pgxpool.NewWithConfig(context.Background(), pc)
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
+			pool := tunedPool(t, u, func(pc *pgxpool.Config) { pc.ConnConfig.RuntimeParams["default_transaction_isolation"] = iso })
 			top := declare(t, testenv.Queue(t, testenv.AMQPURL()), 1)
 			g := newGuard(t, db)
 			const n = 1500

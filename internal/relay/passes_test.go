@@ -182,12 +182,7 @@ func TestSmallPoolsAndLaneSplitsKeepOrderAndFinish(t *testing.T) {
 	for _, c := range []struct{ conns, lanes int }{{1, 8}, {2, 8}, {1, 1}, {2, 11}, {3, 16}, {3, 17}, {3, 32}} {
 		t.Run(fmt.Sprintf("conns%d-lanes%d", c.conns, c.lanes), func(t *testing.T) {
 			db, u := testenv.Schema(t)
-			pc, err := pgxpool.ParseConfig(u)
-			require.NoError(t, err)
-			pc.MaxConns = int32(c.conns)
-			pool, err := pgxpool.NewWithConfig(context.Background(), pc)
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
+			pool := tunedPool(t, u, func(pc *pgxpool.Config) { pc.MaxConns = int32(c.conns) })
 			top := declare(t, testenv.Queue(t, testenv.AMQPURL()), 1)
 			g := newGuard(t, db)
 			const n = 200
@@ -225,13 +220,20 @@ func TestSmallPoolsAndLaneSplitsKeepOrderAndFinish(t *testing.T) {
 func namedPool(t *testing.T, url string) (*pgxpool.Pool, string) {
 	t.Helper()
 	name := testenv.Name(t)
+	return tunedPool(t, url, func(pc *pgxpool.Config) { pc.ConnConfig.RuntimeParams["application_name"] = name }), name
+}
+
+// tunedPool opens a pool on url with tune's changes to its configuration,
+// closed when the test ends.
+func tunedPool(t *testing.T, url string, tune func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
 	pc, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
-	pc.ConnConfig.RuntimeParams["application_name"] = name
+	tune(pc)
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	return pool, name
+	return pool
 }
 
 // claimCounter counts the claims a pool runs (each begins with taking
