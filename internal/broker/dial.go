@@ -85,7 +85,6 @@ func dialOne(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection
 	if cfg.Dial != nil {
 		return amqp.DialConfig(url, cfg)
 	}
-	var raw atomic.Pointer[net.Conn]
 	var socket atomic.Pointer[writeBounded]
 	var wide *wideFrames // a FrameSize above the broker's is read (ReadFrameMax)
 	// A wide connection's frame reader must sit above TLS, and amqp091
@@ -115,14 +114,13 @@ func dialOne(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection
 			c.Close()
 			return nil, err
 		}
-		raw.Store(&c)
+		wb := &writeBounded{Conn: c}
+		socket.Store(wb)
 		if err := ctx.Err(); err != nil { // ended before the socket was stored
 			c.Close()
 			return nil, err
 		}
 		if cfg.FrameSize > 0 {
-			wb := &writeBounded{Conn: c}
-			socket.Store(wb)
 			var below net.Conn = wb
 			if wideTLS != nil {
 				tc := tls.Client(below, wideTLS)
@@ -135,14 +133,12 @@ func dialOne(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection
 			wide = &wideFrames{Conn: below, readMax: uint32(cfg.FrameSize)}
 			return wide, nil
 		}
-		wb := &writeBounded{Conn: c}
-		socket.Store(wb)
 		return wb, nil
 	}
 	// A context cancelled during the handshake ends it.
 	stop := context.AfterFunc(ctx, func() {
-		if c := raw.Load(); c != nil {
-			(*c).Close()
+		if wb := socket.Load(); wb != nil {
+			wb.Conn.Close()
 		}
 	})
 	conn, err := amqp.DialConfig(url, cfg)
@@ -156,14 +152,12 @@ func dialOne(ctx context.Context, url string, cfg amqp.Config) (*amqp.Connection
 	if wide != nil {
 		wide.settle(conn)
 	}
-	sockets.Store(conn, *raw.Load())
-	bounded.Store(conn, socket.Load())
+	sockets.Store(conn, socket.Load())
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	go func() {
 		for range closed { // until the library closes it
 		}
 		sockets.Delete(conn)
-		bounded.Delete(conn)
 	}()
 	return conn, nil
 }
@@ -214,9 +208,8 @@ func tlsBelowFrames(rawURL string, own *tls.Config) (string, *tls.Config, error)
 	return u.String(), cfg, nil
 }
 
-// sockets maps each open connection dialOne made to its socket, and
-// bounded to the writeBounded over it.
-var sockets, bounded sync.Map
+// sockets maps each open connection dialOne made to its socket.
+var sockets sync.Map
 
 // Close closes conn: the close handshake, given CloseTimeout, and then, if
 // the broker has not answered, the socket. A broker that reads nothing (a
@@ -233,8 +226,8 @@ func Close(conn *amqp.Connection) error {
 		return closeErr(err)
 	case <-t.C:
 	}
-	if raw, ok := sockets.Load(conn); ok {
-		raw.(net.Conn).Close()
+	if wb, ok := sockets.Load(conn); ok {
+		wb.(*writeBounded).Conn.Close()
 	}
 	t.Reset(CloseTimeout)
 	select {
@@ -360,7 +353,7 @@ func (c *writeBounded) uncork() {
 // corkable returns the socket of a connection dialOne made, nil for any
 // other.
 func corkable(conn *amqp.Connection) *writeBounded {
-	if w, ok := bounded.Load(conn); ok {
+	if w, ok := sockets.Load(conn); ok {
 		return w.(*writeBounded)
 	}
 	return nil
