@@ -34,7 +34,7 @@ type amqpPublisher struct {
 	pub     *broker.Publisher
 	next    int            // the node to dial first
 	suspect map[int64]bool // rows a channel exception left unanswered
-	closing sync.WaitGroup // publishers being closed aside (send)
+	closing sync.WaitGroup // publishers being closed aside (close)
 	// refused is the last dial's refusal (broker.IsRefused); nil once a
 	// dial ends otherwise. The relay is not ready while it is fresh.
 	refused atomic.Pointer[refusal]
@@ -188,14 +188,8 @@ func (p *amqpPublisher) send(ctx context.Context, dests map[string]Destination, 
 	}
 	if lost != nil {
 		// A channel that missed confirms cannot be trusted with the
-		// next pass's: its late answers would be taken for theirs. It is
-		// closed aside: a silent broker holds a close up to
-		// broker.CloseTimeout, which the pass, holding its transaction,
-		// does not wait out.
-		if old := p.pub; old != nil {
-			p.pub = nil
-			p.closing.Go(func() { _ = old.Close() })
-		}
+		// next pass's: its late answers would be taken for theirs.
+		p.close()
 	}
 	return lost
 }
@@ -211,15 +205,18 @@ func refusedClass(err error) string {
 	return "amqp: channel closed"
 }
 
+// close drops the publisher and closes it aside: a silent broker holds a
+// close up to broker.CloseTimeout, which a pass, holding its transaction,
+// does not wait out. closeAll waits for it.
 func (p *amqpPublisher) close() {
-	if p.pub != nil {
-		_ = p.pub.Close()
+	if old := p.pub; old != nil {
+		p.pub = nil
+		p.closing.Go(func() { _ = old.Close() })
 	}
-	p.pub = nil
 }
 
-// closeAll closes the publisher at the end of Run, and waits for those
-// closed aside.
+// closeAll closes the publisher at the end of Run, and waits for every
+// close.
 func (p *amqpPublisher) closeAll() {
 	p.mu.Lock()
 	p.close()
