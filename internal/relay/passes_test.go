@@ -278,13 +278,8 @@ func notifications(t *testing.T, u string) *atomic.Int64 {
 // notify too): Lanes/LanesPerPass claims a round.
 func TestAnIdleRelayClaimsEachLaneOncePerPoll(t *testing.T) {
 	_, u := testenv.Schema(t)
-	pc, err := pgxpool.ParseConfig(u)
-	require.NoError(t, err)
 	var c claimCounter
-	pc.ConnConfig.Tracer = &c
-	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := tunedPool(t, u, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = &c })
 	notes := notifications(t, u) // each may start a round
 
 	const poll, window = 250 * time.Millisecond, 2500 * time.Millisecond
