@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -219,12 +220,21 @@ func TestAPoisonRowNeverKeepsARecoveredDestinationPaused(t *testing.T) {
 		id := fmt.Sprintf("e%02d", i)
 		send(t, g, id, outbox.Message{EventID: id, To: "api", Key: "acct-1", Body: []byte(id)}) // one key: one lane
 	}
-	r := runBounded(t, relay.Config{DB: db, MaxAttempts: 3, Retention: time.Hour,
+	// One key: a pass tries its oldest due row and skips the rest, so the
+	// five distinct failures that pause come one pass at a time while e00
+	// retries on its backoff. MaxAttempts leaves e00 far from dead by then
+	// (with 3, e00 and at times e01 were dead before the pause, and the
+	// test neither tried what it says nor could see 19 rows sent).
+	r := runBounded(t, relay.Config{DB: db, MaxAttempts: 20, Retention: time.Hour,
 		BackoffMin: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Destinations: amqpDest(t, "api="+url)})
 	require.Eventually(t, func() bool { return len(r.Paused()) == 1 }, 20*time.Second, 10*time.Millisecond)
+	require.Equal(t, map[string]int{"pending": 20}, states(t, db), "every row pending as the destination pauses, e00 the oldest")
 	fixed.Store(true) // the outage is over; only e00 still fails, on its own merits
-	require.Eventually(t, func() bool { return states(t, db)["sent"] == 19 && len(r.Paused()) == 0 }, 10*time.Second, 50*time.Millisecond,
-		"states: %v, paused: %v", states(t, db), r.Paused())
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Equal(c, 19, states(t, db)["sent"])
+		assert.Empty(c, r.Paused())
+	}, 10*time.Second, 50*time.Millisecond)
+	require.NotEqual(t, "sent", rowsByEvent(t, db)["e00"].State)
 }
 
 // Found in review, and failing before its fix: five poison rows of distinct keys (each 500 on its own body) ahead of
