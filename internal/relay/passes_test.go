@@ -293,6 +293,25 @@ func TestAnIdleRelayClaimsEachLaneOncePerPoll(t *testing.T) {
 	require.LessOrEqual(t, float64(claims), 1.25*float64(rounds*relay.Lanes), "one round of the lanes per poll or notification")
 }
 
+// TestAnIdleRoundCoversEveryLane: 5 lanes a pass do not divide the 32
+// lanes. With a round of ⌊32/5⌋ = 6 empty passes, an idle relay woken by a
+// row's notification left the two lanes before the round's first unread
+// until the next poll: of rows sent one at a time, one a lane, the one on
+// lane 1 already fell in that gap and waited out the poll. With ⌈32/5⌉ =
+// 7, each is sent on its wake. (The default, 8 a pass, divides 32.)
+func TestAnIdleRoundCoversEveryLane(t *testing.T) {
+	db, _ := testenv.Schema(t)
+	rcv, url := newReceiver(t, func(string, int) int { return http.StatusOK })
+	g := newGuard(t, db)
+	run(t, relay.Config{DB: db, LanesPerPass: 5, PollInterval: time.Minute, Retention: time.Hour, Destinations: amqpDest(t, "api="+url)})
+	for lane := range relay.Lanes {
+		id := fmt.Sprintf("e%02d", lane)
+		send(t, g, id, outbox.Message{EventID: id, To: "api", Key: keysOfLane(lane, 1)[0], Body: []byte(id)})
+		require.Eventually(t, func() bool { return rcv.count()[outbox.ID("pay", id, 0)] == 1 }, 10*time.Second, 10*time.Millisecond,
+			"the row on lane %d waits for the next poll", lane)
+	}
+}
+
 // TestASilentBrokerHoldsAPassOnlyItsBound: a broker that stops answering
 // once the relay's connection is up (its frames come a minute late). A
 // pass waits PublishTimeout for the confirms; the publisher that missed

@@ -55,7 +55,7 @@ type Config struct {
 	// BatchSize is the most rows one pass claims. Defaults to 500.
 	BatchSize int
 	// LanesPerPass is how many of the Lanes a pass takes; a relay runs
-	// through all of them in Lanes/LanesPerPass passes, and relays
+	// through all of them in ⌈Lanes/LanesPerPass⌉ passes, and relays
 	// running side by side take different ones. Defaults to 8.
 	LanesPerPass int
 	// PollInterval is how often an idle relay looks for rows without a
@@ -242,7 +242,10 @@ func (r *Relay) Run(ctx context.Context) error {
 			idle = 0
 			continue
 		}
-		if idle++; idle < Lanes/r.cfg.LanesPerPass {
+		// A round of empty passes covers every lane, wherever it began:
+		// ⌈Lanes/LanesPerPass⌉ of them (⌊ ⌋ left the two lanes before a
+		// round's first out of it when 5 a pass, say, until the next poll).
+		if idle++; idle < (Lanes+r.cfg.LanesPerPass-1)/r.cfg.LanesPerPass {
 			continue // the other lanes may hold rows
 		}
 		idle = 0
