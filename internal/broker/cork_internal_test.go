@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"io"
 	"net"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -19,7 +21,7 @@ func TestACorkedSocketWritesWhatItHeldInOrderAndBounded(t *testing.T) {
 	go func() { all, _ := io.ReadAll(b); got <- all }()
 	w := &writeBounded{Conn: a}
 
-	w.cork()
+	w.cork(time.Time{})
 	chunk := bytes.Repeat([]byte("x"), corkMax/3+1)
 	var want []byte
 	for i := range 2 {
@@ -56,7 +58,7 @@ func TestACorkedSocketWritesWhatItHeldInOrderAndBounded(t *testing.T) {
 func TestAHeldWriteThatFailsClosesTheSocket(t *testing.T) {
 	a, b := net.Pipe()
 	w := &writeBounded{Conn: a}
-	w.cork()
+	w.cork(time.Time{})
 	n, err := w.Write([]byte("held"))
 	require.NoError(t, err)
 	require.Equal(t, 4, n)
@@ -66,4 +68,47 @@ func TestAHeldWriteThatFailsClosesTheSocket(t *testing.T) {
 	require.ErrorContains(t, err, "a corked write")
 	_, err = a.Read(make([]byte, 1))
 	require.ErrorIs(t, err, io.ErrClosedPipe, "the socket is closed under the library's reader")
+}
+
+// TestAHeldWriteEndsByTheCorksDeadline: a peer that reads nothing (a
+// broker under an alarm, a link gone silent) holds a write of held bytes
+// until the deadline cork was given, not WriteTimeout; the socket is
+// then closed, as for any failed held write. A write made after uncork
+// has WriteTimeout again.
+func TestAHeldWriteEndsByTheCorksDeadline(t *testing.T) {
+	a, b := net.Pipe() // synchronous: a write waits for the peer's read
+	defer b.Close()
+	w := &writeBounded{Conn: a}
+	const bound = 300 * time.Millisecond
+	start := time.Now()
+	w.cork(start.Add(bound))
+	_, err := w.Write(bytes.Repeat([]byte("x"), corkMax)) // corkMax held: written, and nobody reads
+	took := time.Since(start)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.GreaterOrEqual(t, took, bound)
+	require.Less(t, took, WriteTimeout/2, "the held write waited past its cork's deadline")
+	_, err = a.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.ErrClosedPipe, "the socket is closed under the library's reader")
+
+	c, d := net.Pipe()
+	defer d.Close()
+	w = &writeBounded{Conn: c}
+	w.cork(time.Now().Add(bound))
+	_, err = w.Write([]byte("held"))
+	require.NoError(t, err)
+	go func() { _, _ = io.ReadFull(d, make([]byte, 4)) }()
+	w.uncork()
+	require.NoError(t, w.err, "read in time: written")
+	require.True(t, w.until.IsZero(), "uncork drops the deadline")
+	time.Sleep(bound)
+	got := make(chan []byte, 1)
+	go func() {
+		time.Sleep(bound) // past the old cork's deadline
+		buf := make([]byte, 5)
+		_, _ = io.ReadFull(d, buf)
+		got <- buf
+	}()
+	_, err = w.Write([]byte("after"))
+	require.NoError(t, err, "an uncorked write is bounded by WriteTimeout only")
+	require.Equal(t, "after", string(<-got))
 }

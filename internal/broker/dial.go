@@ -273,6 +273,7 @@ type writeBounded struct {
 
 	mu     sync.Mutex
 	corked bool
+	until  time.Time // while corked, no write of held bytes outlasts it (zero: none but WriteTimeout)
 	held   []byte
 	err    error        // why a write of held bytes failed: every later write fails with it
 	writes atomic.Int64 // writes to the socket, for the tests
@@ -299,23 +300,30 @@ func (c *writeBounded) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-func (c *writeBounded) write(b []byte) (int, error) {
+func (c *writeBounded) write(b []byte) (int, error) { return c.writeBy(b, time.Time{}) }
+
+// writeBy writes b within WriteTimeout, and by until if that is sooner.
+func (c *writeBounded) writeBy(b []byte, until time.Time) (int, error) {
 	c.writes.Add(1)
-	if err := c.Conn.SetWriteDeadline(time.Now().Add(WriteTimeout)); err != nil {
+	deadline := time.Now().Add(WriteTimeout)
+	if !until.IsZero() && until.Before(deadline) {
+		deadline = until
+	}
+	if err := c.Conn.SetWriteDeadline(deadline); err != nil {
 		return 0, err
 	}
 	return c.Conn.Write(b)
 }
 
-// flushLocked writes the held bytes. The library took them as written, so
-// if the write fails the socket is closed: its reader fails, and the
-// library ends the connection, and with it every publish it did not
-// confirm (Unanswered). Callers hold c.mu.
+// flushLocked writes the held bytes, by c.until. The library took them as
+// written, so if the write fails (or does not end by then) the socket is
+// closed: its reader fails, and the library ends the connection, and with
+// it every publish it did not confirm (Unanswered). Callers hold c.mu.
 func (c *writeBounded) flushLocked() error {
 	if len(c.held) == 0 {
 		return nil
 	}
-	_, err := c.write(c.held)
+	_, err := c.writeBy(c.held, c.until)
 	if cap(c.held) > 2*corkMax {
 		c.held = nil // one large message's worth is not kept
 	} else {
@@ -328,14 +336,18 @@ func (c *writeBounded) flushLocked() error {
 	return err
 }
 
-// cork holds the writes until uncork. A nil c (a connection dialled with a
-// caller's own dialler) does nothing.
-func (c *writeBounded) cork() {
+// cork holds the writes until uncork; the writes of what it holds end by
+// until (zero: within WriteTimeout), so that a broker that stops reading
+// holds a batch no longer than its publish's context: a relay's pass holds
+// its lanes while it publishes, and its session's bound is far below
+// WriteTimeout. A nil c (a connection dialled with a caller's own dialler)
+// does nothing.
+func (c *writeBounded) cork(until time.Time) {
 	if c == nil {
 		return
 	}
 	c.mu.Lock()
-	c.corked = true
+	c.corked, c.until = true, until
 	c.mu.Unlock()
 }
 
@@ -346,8 +358,8 @@ func (c *writeBounded) uncork() {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.corked = false
 	_ = c.flushLocked() // a failure ends the connection (flushLocked)
+	c.corked, c.until = false, time.Time{}
 }
 
 // corkable returns the socket of a connection dialOne made, nil for any

@@ -266,6 +266,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...Message) []Result {
 	if why, _ := p.Blocked(); why != "" {
 		return unanswered(results, fmt.Errorf("not sent: the broker blocks publishing (%s)", why))
 	}
+	if err := ctx.Err(); err != nil {
+		return unanswered(results, fmt.Errorf("not sent: %w", err))
+	}
 	p.state.Lock()
 	clear(p.returned)
 	p.state.Unlock()
@@ -274,9 +277,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...Message) []Result {
 	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
 	var sendErr error
 	// The batch leaves in a few writes rather than one a message (see
-	// writeBounded); the publishes never wait for the broker, and the
-	// socket is uncorked before the wait for their confirms.
-	p.socket.cork()
+	// writeBounded), each by ctx's deadline; the publishes never wait for
+	// the broker, and the socket is uncorked before the wait for their
+	// confirms.
+	until, _ := ctx.Deadline()
+	p.socket.cork(until)
 	for i, m := range msgs {
 		if err := validate(m); err != nil {
 			results[i] = Result{Outcome: Invalid, Err: err}

@@ -65,8 +65,11 @@ func TestAChannelExceptionIsReportedAsTheBrokersAnswer(t *testing.T) {
 type muteProxy struct {
 	ln    net.Listener
 	muted atomic.Bool
-	mu    sync.Mutex
-	conns []net.Conn
+	// stalled: the proxy reads nothing more of the client's socket (a
+	// broker that stops reading a connection: the client's writes wait).
+	stalled atomic.Bool
+	mu      sync.Mutex
+	conns   []net.Conn
 }
 
 func startMuteProxy(t *testing.T) (*muteProxy, string) {
@@ -108,6 +111,9 @@ func (m *muteProxy) toServer(dst, src net.Conn) {
 	}
 	hdr := make([]byte, 7)
 	for {
+		for m.stalled.Load() {
+			time.Sleep(10 * time.Millisecond)
+		}
 		if _, err := io.ReadFull(r, hdr); err != nil {
 			return
 		}
@@ -132,6 +138,40 @@ func (m *muteProxy) Close() {
 	for _, c := range m.conns {
 		c.Close()
 	}
+}
+
+// TestABatchTheBrokerStopsReadingEndsWithItsContext: the broker stops
+// reading the connection mid-batch, the batch larger than the socket
+// buffers between. The batch's held writes end by the publish's deadline,
+// not WriteTimeout (30 s): a relay's pass, which holds its lanes while it
+// publishes, ends within its session's bound (PublishTimeout and a
+// second), so no other relay takes its lanes while it still publishes.
+// Every message comes out Unanswered, and the connection ends.
+func TestABatchTheBrokerStopsReadingEndsWithItsContext(t *testing.T) {
+	q := declare(t, nil)
+	proxy, url := startMuteProxy(t)
+	conn, _, err := broker.Dial([]string{url}, 0, amqp.Config{})
+	require.NoError(t, err)
+	p, err := broker.NewPublisher(conn, broker.PublisherOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close(); _ = p.Close() })
+
+	proxy.stalled.Store(true)
+	body := strings.Repeat("x", 256<<10)
+	msgs := make([]broker.Message, 128) // 32 MiB
+	for i := range msgs {
+		msgs[i] = msg(q, body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	rs := p.Publish(ctx, msgs...)
+	took := time.Since(start)
+	require.Less(t, took, broker.WriteTimeout/2, "a held write outlasted the publish's context (1 s)")
+	for i, r := range rs {
+		require.Equal(t, broker.Unanswered, r.Outcome, "message %d: %v", i, r.Err)
+	}
+	waitDone(t, p)
 }
 
 // TestCloseIsBoundedWhileTheBrokerReadsNothing: the broker stops
