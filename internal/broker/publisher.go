@@ -138,6 +138,30 @@ func NewPublisher(conn *amqp.Connection, opts PublisherOptions) (*Publisher, err
 	return p, nil
 }
 
+// NewPublisherContext is NewPublisher bounded by ctx. amqp091 waits for
+// channel.open and confirm.select's answers without a bound: a broker that
+// goes silent just after the handshake holds them until the heartbeat
+// gives up (15 s and more; never, if only the broker's heartbeats still
+// come). If ctx ends first, the connection's socket is closed, which ends
+// both waits, and the error is ctx's.
+func NewPublisherContext(ctx context.Context, conn *amqp.Connection, opts PublisherOptions) (*Publisher, error) {
+	stop := context.AfterFunc(ctx, func() {
+		if w := corkable(conn); w != nil {
+			_ = w.Conn.Close()
+			return
+		}
+		_ = Close(conn) // bounded: CloseTimeout twice
+	})
+	p, err := NewPublisher(conn, opts)
+	if !stop() { // ctx ended meanwhile, and its close ran or runs
+		if err == nil {
+			_ = p.Close()
+		}
+		return nil, fmt.Errorf("open a confirm-mode channel: %w", context.Cause(ctx))
+	}
+	return p, err
+}
+
 // watch reads every notification channel until the library has closed them
 // all (it closes them when the connection ends; Close ends it).
 func (p *Publisher) watch(chClosed, connClosed chan *amqp.Error, blocked chan amqp.Blocking) {

@@ -174,6 +174,45 @@ func TestABatchTheBrokerStopsReadingEndsWithItsContext(t *testing.T) {
 	waitDone(t, p)
 }
 
+// TestOpeningAPublisherIsBoundedByItsContext: the broker goes silent once
+// the handshake is over, but for its heartbeats: channel.open is never
+// answered, and amqp091 would wait for it for ever (the relay opens its
+// publisher inside a pass, which holds its lanes). NewPublisherContext
+// returns ctx's error once ctx ends, and the connection is closed.
+func TestOpeningAPublisherIsBoundedByItsContext(t *testing.T) {
+	proxy, url := startMuteProxy(t)
+	conn, _, err := broker.Dial([]string{url}, 0, amqp.Config{})
+	require.NoError(t, err)
+	proxy.muted.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		p, err := broker.NewPublisherContext(ctx, conn, broker.PublisherOptions{})
+		if p != nil {
+			_ = p.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-time.After(10 * time.Second):
+		proxy.Close() // let it return
+		t.Fatalf("opening the publisher outlasted its context by 10 s: %v", <-done)
+	}
+	require.Eventually(t, conn.IsClosed, 5*time.Second, 10*time.Millisecond)
+
+	// A context that does not end leaves a working publisher.
+	conn, _, err = broker.Dial([]string{testenv.AMQPURL()}, 0, amqp.Config{})
+	require.NoError(t, err)
+	p, err := broker.NewPublisherContext(context.Background(), conn, broker.PublisherOptions{})
+	require.NoError(t, err)
+	defer p.Close()
+	rs := p.Publish(context.Background(), msg(declare(t, nil), "a"))
+	require.Equal(t, broker.Confirmed, rs[0].Outcome, "%v", rs[0].Err)
+}
+
 // TestCloseIsBoundedWhileTheBrokerReadsNothing: the broker stops
 // reading the publishing connection (a memory or disk alarm) with a publish
 // in flight. Publish returns it Unanswered when its context ends, and the

@@ -93,7 +93,7 @@ func (p *amqpPublisher) publisher(ctx context.Context) (*broker.Publisher, error
 	}
 	p.refused.Store(nil)
 	p.next = i
-	if p.pub, err = broker.NewPublisher(conn, broker.PublisherOptions{}); err != nil {
+	if p.pub, err = broker.NewPublisherContext(ctx, conn, broker.PublisherOptions{}); err != nil {
 		return nil, fmt.Errorf("amqp: %w", err)
 	}
 	return p.pub, nil
