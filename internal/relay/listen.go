@@ -11,9 +11,10 @@ import (
 )
 
 // listen wakes the relay on every idem_outbox notification, on a
-// connection of its own, until ctx ends. It is only a hint: the relay polls
-// too, so a lost notification (while this reconnects) delays rows by at
-// most the poll interval.
+// connection of its own, until ctx ends, and once each time it is
+// listening: the round that wake starts reads what was committed before,
+// while nobody listened (at start, or while this reconnected). It is only
+// a hint: the relay polls too.
 func listen(ctx context.Context, db *pgxpool.Pool, wake chan<- struct{}, log *slog.Logger) {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
@@ -43,6 +44,10 @@ func listenOnce(ctx context.Context, db *pgxpool.Pool, wake chan<- struct{}) err
 	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.Exec(ctx, "LISTEN idem_outbox"); err != nil {
 		return err
+	}
+	select {
+	case wake <- struct{}{}:
+	default:
 	}
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {

@@ -312,6 +312,34 @@ func TestAnIdleRoundCoversEveryLane(t *testing.T) {
 	}
 }
 
+// TestARowCommittedWhileTheListenerReconnectsIsNotLeftForThePoll: the
+// relay's LISTEN session ends (a restarted pooler, a terminated backend); a
+// row committed before the listener is back notifies nobody. The listener
+// wakes the relay once it listens again, and that round finds the row;
+// before, it waited for the poll (here a minute).
+func TestARowCommittedWhileTheListenerReconnectsIsNotLeftForThePoll(t *testing.T) {
+	db, u := testenv.Schema(t)
+	pool, app := namedPool(t, u)
+	rcv, url := newReceiver(t, func(string, int) int { return http.StatusOK })
+	g := newGuard(t, db)
+	run(t, relay.Config{DB: pool, PollInterval: time.Minute, Retention: time.Hour, Destinations: amqpDest(t, "api="+url)})
+	listener := func() (pid int) {
+		_ = db.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND query = 'LISTEN idem_outbox'`, app).Scan(&pid)
+		return pid
+	}
+	for i := range 3 {
+		var pid int
+		require.Eventually(t, func() bool { pid = listener(); return pid != 0 }, 10*time.Second, 5*time.Millisecond, "the relay listens")
+		_, err := db.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, pid)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return listener() != pid }, 10*time.Second, time.Millisecond)
+		id := fmt.Sprintf("e%d", i)
+		send(t, g, id, outbox.Message{EventID: id, To: "api", Key: id, Body: []byte(id)}) // the listener backs off 100 ms first
+		require.Eventually(t, func() bool { return rcv.count()[outbox.ID("pay", id, 0)] == 1 }, 10*time.Second, 10*time.Millisecond,
+			"%s, committed while the listener was away, waits for the poll", id)
+	}
+}
+
 // TestASilentBrokerHoldsAPassOnlyItsBound: a broker that stops answering
 // once the relay's connection is up (its frames come a minute late). A
 // pass waits PublishTimeout for the confirms; the publisher that missed
