@@ -226,8 +226,8 @@ func Close(conn *amqp.Connection) error {
 		return closeErr(err)
 	case <-t.C:
 	}
-	if wb, ok := sockets.Load(conn); ok {
-		wb.(*writeBounded).Conn.Close()
+	if w := corkable(conn); w != nil {
+		w.Conn.Close()
 	}
 	t.Reset(CloseTimeout)
 	select {

@@ -45,17 +45,13 @@ func listenOnce(ctx context.Context, db *pgxpool.Pool, wake chan<- struct{}) err
 	if _, err := conn.Exec(ctx, "LISTEN idem_outbox"); err != nil {
 		return err
 	}
-	select {
-	case wake <- struct{}{}:
-	default:
-	}
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
-			return err
-		}
-		select {
+		select { // once listening, then on every notification
 		case wake <- struct{}{}:
 		default:
+		}
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
 		}
 	}
 }
